@@ -10,6 +10,9 @@ forward or burst of forwards, dropping at most what that burst added past the wi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
 from transformers import DynamicCache, PreTrainedModel
 
 
@@ -42,3 +45,40 @@ def rollback(cache: DynamicCache, n: int) -> None:
         if kept < needed:
             raise RollbackError(f"sliding layer holds {layer.keys.shape[-2]} positions, cannot drop {n}")
     cache.crop(-n)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class SequenceCache:
+    """A KV cache and exactly the tokens whose positions it holds."""
+
+    cache: DynamicCache
+    tokens: list[int] = field(default_factory=list)
+
+
+def resume(sessions: dict[str, SequenceCache], session_id: str, model: PreTrainedModel, tokens: Sequence[int]) -> tuple[SequenceCache, int]:
+    """The session's cache rolled back to what it shares with `tokens`, and how many positions it kept.
+
+    At least the last token is left out of the kept prefix: its logits are the ones the caller
+    needs. A session that is unknown, or whose cache cannot roll back that far, starts afresh
+    (a cache miss costs a prefill, never a wrong answer).
+    """
+    session = sessions.get(session_id)
+    if session is not None:
+        keep = min(common_prefix(session.tokens, tokens), len(tokens) - 1)
+        try:
+            rollback(session.cache, len(session.tokens) - keep)
+            del session.tokens[keep:]
+            return session, keep
+        except RollbackError:
+            pass
+    session = sessions[session_id] = SequenceCache(new_cache(model))
+    return session, 0

@@ -1,0 +1,84 @@
+"""In-process adapters: the Proposer and Verifier interfaces over the pure drafters and verifier.
+
+Tests and `specdec generate --in-process` run the engine through these; the remote clients
+implement the same two interfaces, so production runs the code the equality tests run. Model
+calls go to a worker thread (torch releases the GIL) and a lock keeps one call per model at a
+time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+from coordinator.engine import EngineConfig, SpeculativeEngine
+from draft_service.model_drafter import ModelDrafter
+from draft_service.ngram import NgramDrafter
+from specdec.acceptance import DraftProposal, Verification
+from specdec.models import LoadedModel, load_model
+from specdec.sampling import SamplingParams
+from target_service.verifier import TargetVerifier
+
+
+class _Serialized:
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    async def _call(self, fn, *args):
+        def locked():
+            with self._lock:
+                return fn(*args)
+
+        return await asyncio.to_thread(locked)
+
+
+class LocalModelProposer(_Serialized):
+    def __init__(self, drafter: ModelDrafter):
+        super().__init__()
+        self.drafter = drafter
+
+    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
+        return await self._call(self.drafter.propose, session_id, tokens, k, sampling)
+
+    async def end_session(self, session_id: str) -> None:
+        await self._call(self.drafter.end_session, session_id)
+
+
+class LocalNgramProposer:
+    """No model, no state: runs inline, it costs microseconds."""
+
+    def __init__(self, drafter: NgramDrafter | None = None):
+        self.drafter = drafter or NgramDrafter()
+
+    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
+        return DraftProposal(self.drafter.propose(tokens, k))
+
+    async def end_session(self, session_id: str) -> None:
+        return None
+
+
+class LocalVerifier(_Serialized):
+    def __init__(self, verifier: TargetVerifier):
+        super().__init__()
+        self.verifier = verifier
+
+    async def verify(self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams) -> Verification:
+        return await self._call(self.verifier.verify, session_id, tokens, proposal, sampling)
+
+    async def end_session(self, session_id: str) -> None:
+        await self._call(self.verifier.end_session, session_id)
+
+
+def build_engine(target: LoadedModel, draft: LoadedModel | None, config: EngineConfig = EngineConfig()) -> SpeculativeEngine:
+    """The single-process engine; `draft` None means the n-gram drafter."""
+    proposer = LocalNgramProposer() if draft is None else LocalModelProposer(ModelDrafter(draft))
+    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
+
+
+def load_pair(target_model: str | None, draft_model: str | None) -> tuple[LoadedModel, LoadedModel | None]:
+    """Load the models the flags name: target None is the embedded default, draft "ngram" (or
+    None) is the model-free drafter."""
+    target = load_model(target_model)
+    draft = None if draft_model in (None, "ngram") else load_model(draft_model)
+    return target, draft
