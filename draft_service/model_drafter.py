@@ -56,6 +56,6 @@ class ModelDrafter:
 
     def _forward(self, session: SequenceCache, new_tokens: list[int]) -> torch.Tensor:
         input_ids = torch.tensor([new_tokens], dtype=torch.long)
-        out = self.loaded.model(input_ids=input_ids, cache=session.cache, use_cache=True)
+        out = self.loaded.model(input_ids=input_ids, cache=session.cache, use_cache=True, logits_to_keep=1)
         session.tokens.extend(new_tokens)
         return out.logits[0, -1]  # (vocab,)

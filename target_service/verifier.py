@@ -32,8 +32,10 @@ class TargetVerifier:
         session, keep = resume(self.sessions, session_id, self.loaded.model, tokens)
         feed = tokens[keep:] + draft_ids
         input_ids = torch.tensor([feed], dtype=torch.long)
-        logits = self.loaded.model(input_ids=input_ids, cache=session.cache, use_cache=True).logits
-        logits = logits[0, -(k + 1) :]  # (k+1, vocab): positions of x_1..x_k and the one after
+        # logits_to_keep: a prefill must not project every prompt position onto the vocabulary
+        # (Gemma 3: 1 MiB of fp32 logits per position).
+        out = self.loaded.model(input_ids=input_ids, cache=session.cache, use_cache=True, logits_to_keep=k + 1)
+        logits = out.logits[0]  # (k+1, vocab): positions of x_1..x_k and the one after
         if sampling.greedy:
             result = verify_greedy(logits, draft_ids)
         else:
