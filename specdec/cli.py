@@ -95,14 +95,23 @@ def _cmd_bench(args) -> int:
     return bench_main(args.bench_args)
 
 
+def _cmd_draft(args) -> int:
+    from draft_service.__main__ import main as draft_main
+
+    return draft_main(args.service_args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec", description="Distributed speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     b = sub.add_parser("bench", help="run the benchmarks (see bench/README)")
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
+    # Services own their flags (and `python -m <service>` parses the same ones).
+    d = sub.add_parser("draft", help="serve the draft tier (DraftService over gRPC)", add_help=False)
+    d.add_argument("service_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    return {"generate": _cmd_generate, "bench": _cmd_bench}[args.command](args)
+    return {"generate": _cmd_generate, "bench": _cmd_bench, "draft": _cmd_draft}[args.command](args)
 
 
 if __name__ == "__main__":
