@@ -1,53 +1,74 @@
 """The target model as a verifier, with a KV cache per session (no networking here).
 
 One forward pass over [new context tokens, x_1..x_k] gives the target's logits at the k+1
-positions that decide the round; the shared acceptance rule picks the tokens; the cache is
-rolled back to the committed prefix plus the accepted drafts (the final target token is not
-cached yet: it is fed at the start of the next round, as the drafter does).
+positions that decide a round; the shared acceptance rule picks the tokens; the cache is rolled
+back to the committed prefix plus the accepted drafts (the final target token is not cached yet:
+it is fed at the start of the next round, as the drafter does). `verify_batch` does this for
+many sessions in one forward pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from specdec.acceptance import DraftProposal, Verification, verify_greedy, verify_sampled
+from specdec.batching import batched_forward
 from specdec.kv_cache import SequenceCache, resume, rollback
 from specdec.models import LoadedModel
 from specdec.sampling import SamplingParams, warp
 
 
+@dataclass
+class VerifyItem:
+    session_id: str
+    tokens: Sequence[int]  # the committed sequence (prompt + generated)
+    proposal: DraftProposal  # k drafts to check (k may be 0)
+    sampling: SamplingParams
+
+
 class TargetVerifier:
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, sessions: MutableMapping[str, SequenceCache] | None = None):
         self.loaded = loaded
-        self.sessions: dict[str, SequenceCache] = {}
+        self.sessions = sessions if sessions is not None else {}
+
+    def verify(self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams) -> Verification:
+        return self.verify_batch([VerifyItem(session_id, tokens, proposal, sampling)])[0]
 
     @torch.inference_mode()
-    def verify(self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams) -> Verification:
-        """tokens: the committed sequence (prompt + generated); proposal: k drafts to check."""
-        tokens = list(tokens)
-        draft_ids = list(proposal.token_ids)
-        k = len(draft_ids)
-        session, keep = resume(self.sessions, session_id, self.loaded.model, tokens)
-        feed = tokens[keep:] + draft_ids
-        input_ids = torch.tensor([feed], dtype=torch.long)
-        # logits_to_keep: a prefill must not project every prompt position onto the vocabulary
-        # (Gemma 3: 1 MiB of fp32 logits per position).
-        out = self.loaded.model(input_ids=input_ids, cache=session.cache, use_cache=True, logits_to_keep=k + 1)
-        logits = out.logits[0]  # (k+1, vocab): positions of x_1..x_k and the one after
-        if sampling.greedy:
-            result = verify_greedy(logits, draft_ids)
-        else:
-            probs = warp(logits, sampling)  # (k+1, vocab)
-            proposal = DraftProposal(draft_ids, _match_vocab(proposal.draft_probs, probs.shape[-1]))
-            result = verify_sampled(probs, proposal, sampling.seed, first_position=len(tokens))
-        rollback(session.cache, k - result.num_accepted)
-        session.tokens.extend(feed[: len(feed) - (k - result.num_accepted)])
-        return result
+    def verify_batch(self, items: Sequence[VerifyItem]) -> list[Verification]:
+        """Verify the rounds of several sessions in one forward pass; per-item results equal
+        one-at-a-time results (same logits up to fp32 rounding, same keyed randomness)."""
+        batch = []
+        for item in items:
+            tokens = list(item.tokens)
+            session, keep = resume(self.sessions, item.session_id, self.loaded.model, tokens)
+            batch.append((session, tokens[keep:] + list(item.proposal.token_ids)))
+        keeps = [len(item.proposal.token_ids) + 1 for item in items]
+        all_logits = batched_forward(self.loaded.model, batch, keeps)  # each (k+1, vocab)
+        results = []
+        for item, (session, _), logits in zip(items, batch, all_logits):
+            result = _accept(item, logits)
+            rejected = len(item.proposal.token_ids) - result.num_accepted
+            rollback(session.cache, rejected)
+            del session.tokens[len(session.tokens) - rejected :]
+            results.append(result)
+        return results
 
     def end_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
+
+
+def _accept(item: VerifyItem, logits: torch.Tensor) -> Verification:
+    """logits: (k+1, vocab) at the positions of x_1..x_k and the one after."""
+    draft_ids = list(item.proposal.token_ids)
+    if item.sampling.greedy:
+        return verify_greedy(logits, draft_ids)
+    probs = warp(logits, item.sampling)  # (k+1, vocab)
+    proposal = DraftProposal(draft_ids, _match_vocab(item.proposal.draft_probs, probs.shape[-1]))
+    return verify_sampled(probs, proposal, item.sampling.seed, first_position=len(item.tokens))
 
 
 def _match_vocab(q: torch.Tensor | None, vocab: int) -> torch.Tensor | None:
