@@ -1,0 +1,178 @@
+"""Remote tiers behind the engine's interfaces: `DraftClient` is a Proposer over gRPC.
+
+Incremental context: the client remembers, per session, the tokens it last sent and which
+replica holds them, and sends only what follows the common prefix (`committed_len`). Drafts are
+never counted as committed: the replica held exactly the context it was sent. A replica that
+lost the session answers FAILED_PRECONDITION "session miss"; the client resends the whole
+context once, and the replica prefills. Any other error propagates to the engine.
+
+Replica affinity: a `dns:///name:port` target resolves to every address behind the name (a
+headless Kubernetes service gives one per pod), re-resolved every `resolve_every_s`; each
+session goes to the replica that wins rendezvous hashing (highest hash of session id + address),
+so a session stays on one replica, sessions spread evenly, and adding or removing a replica only
+moves the sessions that hashed to it (they miss once and prefill).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from specdec.acceptance import DraftProposal
+from specdec.kv_cache import common_prefix
+from specdec.packing import unpack_probs
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+
+SESSION_MISS = "session miss"  # the server's FAILED_PRECONDITION prefix (draft_service/server.py)
+
+
+@dataclass(frozen=True)
+class DraftClientConfig:
+    timeout_s: float = 5.0  # deadline of each Propose / EndSession
+    keepalive_time_s: float = 30.0  # ping an idle connection this often, to notice dead peers
+    keepalive_timeout_s: float = 10.0  # a ping unanswered this long closes the connection
+    resolve_every_s: float = 30.0  # re-resolve a dns:/// target this often (pods come and go)
+    probs_encoding: int = common_pb2.DRAFT_PROBS_ENCODING_UNSPECIFIED  # the server picks the smaller exact form
+    # Dense fp32 q over Gemma 3's vocabulary is 1 MiB per draft token: far above gRPC's 4 MiB default.
+    max_receive_bytes: int = 256 << 20
+
+
+@dataclass
+class _Sent:
+    address: str  # the replica that holds it
+    tokens: list[int]  # the context it holds for the session (what we last sent, as it confirmed)
+
+
+class DraftClient:
+    def __init__(self, target: str | Sequence[str], config: DraftClientConfig = DraftClientConfig()):
+        """target: "host:port", a list of them (one replica each), or "dns:///name:port" (every
+        address the name resolves to)."""
+        self.config = config
+        self._dns: tuple[str, int] | None = None
+        self._addresses: list[str] = []
+        if isinstance(target, str) and target.startswith("dns:///"):
+            host, _, port = target[len("dns:///") :].rpartition(":")
+            self._dns = (host.strip("[]"), int(port))
+        else:
+            self._addresses = [target] if isinstance(target, str) else list(target)
+        if not self._dns and not self._addresses:
+            raise ValueError("DraftClient needs at least one address")
+        self._resolved_at = -float("inf")
+        self._channels: dict[str, tuple[grpc.aio.Channel, draft_pb2_grpc.DraftServiceStub]] = {}
+        self._sessions: dict[str, _Sent] = {}
+        self._closing: set[asyncio.Future] = set()
+        self.misses = 0  # session-miss answers that led to a full resend
+
+    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
+        tokens = list(tokens)
+        address = await self._replica(session_id)
+        sent = self._sessions.get(session_id)
+        committed = common_prefix(sent.tokens, tokens) if sent is not None and sent.address == address else 0
+        try:
+            response = await self._propose(address, session_id, tokens, committed, k, sampling)
+        except grpc.aio.AioRpcError as e:
+            if committed == 0 or e.code() != grpc.StatusCode.FAILED_PRECONDITION or not (e.details() or "").startswith(SESSION_MISS):
+                raise
+            self.misses += 1
+            response = await self._propose(address, session_id, tokens, 0, k, sampling)
+        self._sessions[session_id] = _Sent(address, tokens[: response.cached_len])
+        token_ids = list(response.token_ids)
+        q = None
+        if response.HasField("draft_probs"):
+            q = unpack_probs(response.draft_probs, num_tokens=len(token_ids))  # (k, draft vocab)
+        return DraftProposal(token_ids, q)
+
+    async def end_session(self, session_id: str) -> None:
+        """Best effort: a replica we cannot reach drops the session by TTL or LRU anyway, and a
+        finished generation must not fail on its cleanup."""
+        sent = self._sessions.pop(session_id, None)
+        if sent is None or sent.address not in self._channels:
+            return
+        try:
+            await self._channels[sent.address][1].EndSession(draft_pb2.EndSessionRequest(session_id=session_id), timeout=self.config.timeout_s)
+        except grpc.aio.AioRpcError:
+            pass
+
+    async def close(self) -> None:
+        channels = [channel for channel, _ in self._channels.values()]
+        self._channels.clear()
+        await asyncio.gather(*(channel.close() for channel in channels), *self._closing)
+
+    async def __aenter__(self) -> DraftClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def _propose(self, address: str, session_id: str, tokens: list[int], committed: int, k: int, sampling: SamplingParams) -> draft_pb2.ProposeResponse:
+        request = draft_pb2.ProposeRequest(
+            session_id=session_id,
+            committed_len=committed,
+            new_tokens=tokens[committed:],
+            num_draft_tokens=k,
+            sampling=_sampling_to_proto(sampling),
+            probs_encoding=self.config.probs_encoding,
+        )
+        return await self._channels[address][1].Propose(request, timeout=self.config.timeout_s)
+
+    async def _replica(self, session_id: str) -> str:
+        if self._dns is not None and time.monotonic() - self._resolved_at >= self.config.resolve_every_s:
+            await self._resolve()
+        if not self._channels:
+            for address in self._addresses:
+                self._open(address)
+        return pick_replica(session_id, self._addresses)
+
+    async def _resolve(self) -> None:
+        host, port = self._dns
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            if not self._addresses:
+                raise
+            return  # keep the replicas we know; try again on the next call
+        addresses = sorted({_join(info[4][0], port) for info in infos})
+        self._resolved_at = time.monotonic()
+        for gone in set(self._channels) - set(addresses):
+            channel, _ = self._channels.pop(gone)
+            closing = asyncio.ensure_future(channel.close(grace=self.config.timeout_s))  # its calls in flight finish
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        for address in addresses:
+            if address not in self._channels:
+                self._open(address)
+        self._addresses = addresses
+
+    def _open(self, address: str) -> None:
+        options = (
+            ("grpc.keepalive_time_ms", int(self.config.keepalive_time_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(self.config.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.max_receive_message_length", self.config.max_receive_bytes),
+        )
+        channel = grpc.aio.insecure_channel(address, options=options)
+        self._channels[address] = (channel, draft_pb2_grpc.DraftServiceStub(channel))
+
+
+def pick_replica(session_id: str, addresses: Sequence[str]) -> str:
+    """Rendezvous (highest-random-weight) hashing: stable across processes, unlike hash()."""
+    return max(addresses, key=lambda address: hashlib.blake2b(f"{session_id}\0{address}".encode(), digest_size=8).digest())
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    if sampling.seed is not None:
+        msg.seed = sampling.seed
+    return msg

@@ -1,0 +1,101 @@
+"""`python -m draft_service` / `specdec draft`: flags and environment onto `ServerConfig`, then serve.
+
+Every flag --some-flag can also come from SPECDEC_DRAFT_SOME_FLAG (a flag given on the command
+line wins). This is the only place that reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Mapping
+
+from draft_service.server import ServerConfig, serve
+from draft_service.service import DraftConfig
+
+ENV_PREFIX = "SPECDEC_DRAFT_"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    defaults = DraftConfig()
+    server = ServerConfig()
+    p = argparse.ArgumentParser(
+        prog="specdec draft",
+        description=f"Serve the draft tier (specdec.v1.DraftService over gRPC). Each flag may also be set by {ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}MAX_BATCH.",
+    )
+
+    def flag(name: str, default, type, help: str) -> None:
+        env = ENV_PREFIX + name.upper().replace("-", "_")
+        # argparse runs `type` on string defaults, so an environment value is checked like a flag.
+        p.add_argument(f"--{name}", default=environ.get(env, default), type=type, help=f"{help} [env {env}; default {default}]")
+
+    flag("draft-model", server.draft_model, str, "local dir, .gguf file, hub id, or 'ngram' (prompt lookup, no model)")
+    flag("host", server.host, str, "address to bind")
+    flag("port", server.port, _port, "port to bind; 0 picks a free one (printed at start)")
+    flag("device", server.device, str, "torch device of the draft model")
+    flag("max-sessions", defaults.max_sessions, _positive_int, "sessions kept per replica (least recently used evicted beyond)")
+    flag("max-cached-tokens", defaults.max_cached_tokens, _positive_int, "token positions kept over all sessions (LRU beyond)")
+    flag("session-ttl", defaults.session_ttl_s, _seconds, "seconds an idle session is kept; 0 keeps it until LRU evicts it")
+    flag("max-batch", defaults.max_batch, _positive_int, "most Propose calls one batched model step serves")
+    flag("max-queue", defaults.max_queue, _positive_int, "calls waiting for the model beyond this get RESOURCE_EXHAUSTED")
+    flag("max-draft-tokens", defaults.max_draft_tokens, _positive_int, "largest k a call may ask for")
+    flag("grace", server.grace_s, _seconds, "seconds in-flight calls get to finish after SIGTERM")
+    flag("drain-delay", server.drain_delay_s, _seconds, "seconds to report NOT_SERVING before refusing calls after SIGTERM")
+    return p
+
+
+def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> ServerConfig:
+    args = _parser(environ).parse_args(argv)
+    return ServerConfig(
+        draft_model=args.draft_model,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        grace_s=args.grace,
+        drain_delay_s=args.drain_delay,
+        draft=DraftConfig(
+            max_draft_tokens=args.max_draft_tokens,
+            max_batch=args.max_batch,
+            max_queue=args.max_queue,
+            max_sessions=args.max_sessions,
+            max_cached_tokens=args.max_cached_tokens,
+            session_ttl_s=args.session_ttl or None,
+        ),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(sys.argv[1:] if argv is None else argv)
+
+    def listening(port: int) -> None:
+        print(f"draft service ({config.draft_model}) listening on {config.host}:{port}", flush=True)
+
+    asyncio.run(serve(config, listening))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""DraftService over gRPC (grpc.aio): translation between specdec.v1 messages and `DraftCore`.
+
+Status codes: INVALID_ARGUMENT names the field; FAILED_PRECONDITION with a message starting
+"session miss" asks the client to resend the full context; RESOURCE_EXHAUSTED when the model's
+queue is full; DEADLINE_EXCEEDED for calls whose deadline passed before work started;
+UNAVAILABLE while the model loads or the server drains. The standard health service says
+SERVING once the model is loaded and NOT_SERVING from the start of a drain; reflection lists
+DraftService and Health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from draft_service.service import DeadlineExpired, DraftConfig, DraftCore, Overloaded, ProposeCall, ProposeResult, SessionMiss
+from specdec.errors import InvalidArgument
+from specdec.packing import pack_probs
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+
+SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
+SESSION_MISS = "session miss"  # prefix of the FAILED_PRECONDITION message; clients match on it
+_KNOWN_ENCODINGS = frozenset(common_pb2.DraftProbsEncoding.values())
+# Packing a dense Gemma-vocabulary q (1 MiB per row) takes milliseconds: off the event loop.
+_PACK_IN_THREAD_ELEMENTS = 1 << 16
+
+# Clients ping every 30 s even when idle (coordinator/clients.py); the server must allow it or
+# it answers GOAWAY "too_many_pings" (the default minimum is 5 minutes).
+SERVER_OPTIONS = (
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.so_reuseport", 0),  # a second server on a busy port fails instead of sharing it
+)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    draft_model: str = "ngram"  # local dir, .gguf file, hub id, or "ngram" (no model)
+    host: str = "127.0.0.1"
+    port: int = 50052  # 0 picks a free port
+    device: str = "cpu"  # where the draft model runs
+    grace_s: float = 10.0  # after SIGTERM, in-flight calls get this long to finish
+    drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing calls, so balancers move first
+    draft: DraftConfig = field(default_factory=DraftConfig)
+
+
+class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
+    def __init__(self, core: DraftCore | None = None):
+        self.core = core  # None while the model loads
+        self.draining = False
+
+    async def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext) -> draft_pb2.ProposeResponse:
+        core = await self._ready(context)
+        timeout = context.time_remaining()
+        try:
+            call = _call_from_proto(request, timeout)
+            result = await core.propose(call)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except SessionMiss as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{SESSION_MISS}: {e}")
+        except Overloaded as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except DeadlineExpired as e:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
+        return await _response_to_proto(result, request.probs_encoding)
+
+    async def EndSession(self, request: draft_pb2.EndSessionRequest, context: grpc.aio.ServicerContext) -> draft_pb2.EndSessionResponse:
+        if self.core is not None:
+            try:
+                self.core.end_session(request.session_id)
+            except InvalidArgument as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return draft_pb2.EndSessionResponse()
+
+    async def _ready(self, context: grpc.aio.ServicerContext) -> DraftCore:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "draft replica is draining")
+        if self.core is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "draft model is loading")
+        return self.core
+
+
+def _call_from_proto(request: draft_pb2.ProposeRequest, timeout_s: float | None) -> ProposeCall:
+    if request.probs_encoding not in _KNOWN_ENCODINGS:
+        raise InvalidArgument("probs_encoding", f"unknown value {request.probs_encoding}")
+    s = request.sampling
+    sampling = SamplingParams(
+        temperature=s.temperature,
+        top_p=s.top_p or 1.0,  # 0 or unset means 1 on the wire
+        top_k=s.top_k,
+        seed=s.seed if s.HasField("seed") else None,
+    )
+    return ProposeCall(request.session_id, request.committed_len, list(request.new_tokens), request.num_draft_tokens, sampling, timeout_s)
+
+
+async def _response_to_proto(result: ProposeResult, encoding: int) -> draft_pb2.ProposeResponse:
+    response = draft_pb2.ProposeResponse(token_ids=result.proposal.token_ids, cached_len=result.cached_len)
+    q = result.proposal.draft_probs  # (k, vocab), only when sampling with the model drafter
+    if q is not None:
+        # fp16 would round q, and the tokens were drawn from the unrounded q: the verifier must
+        # see the very q they came from, so a request for fp16 gets the smaller exact encoding.
+        if encoding == common_pb2.DRAFT_PROBS_ENCODING_DENSE_FP16:
+            encoding = common_pb2.DRAFT_PROBS_ENCODING_UNSPECIFIED
+        if q.numel() >= _PACK_IN_THREAD_ELEMENTS:
+            packed = await asyncio.to_thread(pack_probs, q, encoding)
+        else:
+            packed = pack_probs(q, encoding)
+        response.draft_probs.CopyFrom(packed)
+    return response
+
+
+class DraftServer:
+    """DraftService, health and reflection on one port. Start it, then `set_core` once the model
+    is loaded (health turns SERVING); `begin_drain` then `stop` to shut down gracefully."""
+
+    def __init__(self, core: DraftCore | None = None):
+        self.servicer = DraftServicer()
+        self.health = health_aio.HealthServicer()
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self.server)
+        self._initial_core = core
+        self.port = 0
+
+    @property
+    def core(self) -> DraftCore | None:
+        return self.servicer.core
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Bind and serve (health NOT_SERVING until a core is set); returns the bound port."""
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        await self.server.start()
+        if self._initial_core is not None:
+            await self.set_core(self._initial_core)
+        return self.port
+
+    async def set_core(self, core: DraftCore) -> None:
+        self.servicer.core = core
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def begin_drain(self) -> None:
+        """NOT_SERVING for good; new Propose calls get UNAVAILABLE, calls in flight go on."""
+        self.servicer.draining = True
+        await self.health.enter_graceful_shutdown()
+
+    async def stop(self, grace_s: float | None) -> None:
+        """Refuse new connections, give calls in flight `grace_s` to finish, then close."""
+        await self.begin_drain()
+        await self.server.stop(grace_s)
+        if self.core is not None:
+            await self.core.close()
+
+
+def load_core(config: ServerConfig) -> DraftCore:
+    if config.draft_model == "ngram":
+        return DraftCore(None, config.draft)
+    from specdec.models import load_model
+
+    return DraftCore(load_model(config.draft_model, device=config.device), config.draft)
+
+
+async def serve(config: ServerConfig, on_listening: Callable[[int], None] = lambda port: None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain: NOT_SERVING, `drain_delay_s`, finish in-flight calls."""
+    server = DraftServer()
+    port = await server.start(config.host, config.port)
+    on_listening(port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loading = asyncio.ensure_future(asyncio.to_thread(load_core, config))  # health answers meanwhile
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait([loading, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if not stopping.done():
+            await server.set_core(loading.result())  # a model that fails to load ends the process
+            await stopping
+        await server.begin_drain()
+        if config.drain_delay_s > 0:
+            await asyncio.sleep(config.drain_delay_s)  # let load balancers see NOT_SERVING first
+    finally:
+        await server.stop(config.grace_s)

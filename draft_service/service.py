@@ -1,0 +1,302 @@
+"""The draft tier without the network: validation, per-session state, the batching queue.
+
+Protocol (see ProposeRequest in protos/specdec/v1/draft.proto): the coordinator owns the token
+list. A call names `committed_len`, how many of the tokens it last sent the replica should still
+hold, plus `new_tokens`; the full context is stored[:committed_len] + new_tokens. A replica that
+holds fewer (never saw the session, evicted it, restarted) raises `SessionMiss` and the caller
+resends everything with committed_len = 0. So losing state costs a prefill, never a wrong draft.
+
+One store holds each session's committed tokens *and* the model drafter's KV cache (handed to
+`ModelDrafter` through a view), so one LRU/TTL/token bound covers all the memory a session pins
+and the two can never disagree about which sessions exist.
+
+Model calls are batched continuously: calls queue, and one worker takes whatever is waiting (up
+to `max_batch`, one call per session) whenever the model is free, and runs
+`ModelDrafter.propose_batch` in a thread. The n-gram drafter costs microseconds and runs inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, MutableMapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from draft_service.ngram import NgramDrafter
+from specdec.acceptance import DraftProposal
+from specdec.errors import InvalidArgument
+from specdec.sampling import SamplingParams
+from specdec.session_store import SessionStore
+
+if TYPE_CHECKING:  # transformers takes seconds to import; an n-gram replica never needs it
+    from draft_service.model_drafter import ModelDrafter, ProposeItem
+    from specdec.kv_cache import SequenceCache
+    from specdec.models import LoadedModel
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    max_draft_tokens: int = 32  # the largest k a call may ask for
+    max_batch: int = 16  # most calls one batched model step serves
+    max_queue: int = 256  # calls waiting for the model beyond this are refused (RESOURCE_EXHAUSTED)
+    max_sessions: int = 256  # sessions kept per replica (LRU beyond)
+    # Token positions kept over all sessions (LRU beyond). Gemma 3 270M in fp32 holds at most
+    # 18 layers x 2 x 256 x 4 B = 36 KiB of KV per position, so 65,536 positions is ~2.3 GiB.
+    max_cached_tokens: int = 65536
+    session_ttl_s: float | None = 300.0  # idle sessions (their coordinator died) expire after this; None: never
+
+
+class SessionMiss(Exception):
+    """The replica does not hold `committed_len` tokens of the session: resend the full context."""
+
+
+class Overloaded(Exception):
+    """More than `max_queue` calls are waiting for the model."""
+
+
+class DeadlineExpired(Exception):
+    """The call's deadline passed before its work started."""
+
+
+@dataclass
+class ProposeCall:
+    session_id: str
+    committed_len: int  # tokens of the last context sent that the caller builds on
+    new_tokens: list[int]  # appended after them
+    k: int  # draft tokens wanted
+    sampling: SamplingParams
+    timeout_s: float | None = None  # seconds left for the call; None: no deadline
+
+
+@dataclass
+class ProposeResult:
+    proposal: DraftProposal  # draft_probs only for sampled calls to the model drafter
+    cached_len: int  # committed tokens the replica holds for the session after the call
+
+
+@dataclass
+class DraftSession:
+    tokens: list[int]  # the committed context this replica was last sent
+    cache: SequenceCache | None = None  # model drafter only; its tokens run k-1 drafts past `tokens`
+
+
+def _positions(session: DraftSession) -> int:
+    # The cache and the token list cover the same positions (the cache a few drafts more), so a
+    # session's cost is the longer of the two, not their sum.
+    return max(len(session.tokens), len(session.cache.tokens) if session.cache else 0)
+
+
+@dataclass
+class DraftStats:
+    calls: int = 0  # Propose calls that drafted
+    misses: int = 0  # SessionMiss answers
+    batches: int = 0  # model steps (propose_batch calls)
+    batched_calls: int = 0  # calls served by those steps
+    max_batch_size: int = 0
+    expired: int = 0  # calls dropped unstarted: deadline passed while queued
+
+
+@dataclass
+class _Pending:
+    item: ProposeItem
+    deadline: float | None  # on the core's clock
+    future: asyncio.Future
+
+
+class DraftCore:
+    """Proposals for many sessions. `loaded` None means the n-gram drafter."""
+
+    def __init__(self, loaded: LoadedModel | None, config: DraftConfig = DraftConfig(), clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.clock = clock
+        self.store: SessionStore[DraftSession] = SessionStore(
+            config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=_positions, clock=clock
+        )
+        self.stats = DraftStats()
+        self.ngram: NgramDrafter | None = None
+        self.model: ModelDrafter | None = None
+        if loaded is None:
+            self.ngram = NgramDrafter()
+        else:
+            from draft_service.model_drafter import ModelDrafter
+
+            self.model = ModelDrafter(loaded, sessions=_CacheView(self.store))
+        self.vocab_size = None if loaded is None else loaded.vocab_size
+        self.max_context = None if loaded is None else loaded.max_context
+        self._queue: deque[_Pending] = deque()
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    async def propose(self, call: ProposeCall) -> ProposeResult:
+        if call.timeout_s is not None and call.timeout_s <= 0:
+            raise DeadlineExpired("deadline passed before the call arrived")
+        deadline = None if call.timeout_s is None else self.clock() + call.timeout_s
+        self.validate(call)
+        context = self._context(call)
+        sampling = call.sampling
+        if not sampling.greedy and sampling.seed is None:
+            sampling = replace(sampling, seed=secrets.randbits(63))  # unset on the wire: nondeterministic
+        self._remember(call.session_id, context)
+        if self.model is None:
+            proposal = DraftProposal(self.ngram.propose(context, call.k))  # point masses: no q
+        else:
+            # Never draft past the draft model's context; fewer tokens is a valid proposal.
+            k = min(call.k, self.max_context - len(context))
+            proposal = DraftProposal([]) if k <= 0 else await self._draft(self._item(call.session_id, context, k, sampling), deadline)
+        self.stats.calls += 1
+        session = self.store.get(call.session_id)
+        return ProposeResult(proposal, len(session.tokens) if session is not None else 0)
+
+    @staticmethod
+    def _item(session_id: str, context: list[int], k: int, sampling: SamplingParams) -> ProposeItem:
+        from draft_service.model_drafter import ProposeItem
+
+        return ProposeItem(session_id, context, k, sampling)
+
+    def validate(self, call: ProposeCall) -> None:
+        """InvalidArgument naming the first bad field (proto field paths)."""
+        if not call.session_id:
+            raise InvalidArgument("session_id", "is empty")
+        if not 1 <= call.k <= self.config.max_draft_tokens:
+            raise InvalidArgument("num_draft_tokens", f"must be in [1, {self.config.max_draft_tokens}], got {call.k}")
+        call.sampling.validate()
+        limit = self.vocab_size
+        bad = [t for t in call.new_tokens if t < 0 or (limit is not None and t >= limit)]
+        if bad:
+            where = f"[0, {limit})" if limit is not None else ">= 0"
+            raise InvalidArgument("new_tokens", f"token id {bad[0]} is outside {where}")
+        if call.committed_len == 0 and not call.new_tokens:
+            raise InvalidArgument("new_tokens", "the context is empty (committed_len 0 and no new tokens)")
+
+    def end_session(self, session_id: str) -> None:
+        if not session_id:
+            raise InvalidArgument("session_id", "is empty")
+        self.store.pop(session_id, None)
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+        for pending in self._queue:
+            if not pending.future.done():
+                pending.future.cancel()
+        self._queue.clear()
+
+    def _context(self, call: ProposeCall) -> list[int]:
+        if call.committed_len == 0:
+            return list(call.new_tokens)
+        session = self.store.get(call.session_id)
+        if session is None or len(session.tokens) < call.committed_len:
+            self.stats.misses += 1
+            held = "no state" if session is None else f"{len(session.tokens)} tokens"
+            raise SessionMiss(f"session {call.session_id!r}: replica holds {held}, call builds on {call.committed_len}")
+        return session.tokens[: call.committed_len] + list(call.new_tokens)
+
+    def _remember(self, session_id: str, context: list[int]) -> None:
+        session = self.store.get(session_id) or DraftSession([])
+        session.tokens = context  # the drafter's cache keeps its own tokens and finds the common prefix itself
+        self.store[session_id] = session  # recounted, most recently used, others evicted to fit
+
+    async def _draft(self, item: ProposeItem, deadline: float | None) -> DraftProposal:
+        if len(self._queue) >= self.config.max_queue:
+            raise Overloaded(f"{len(self._queue)} calls already wait for the draft model (max_queue {self.config.max_queue})")
+        if self._worker is None:
+            self._wakeup = asyncio.Event()
+            self._worker = asyncio.get_running_loop().create_task(self._work())
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(item, deadline, future))
+        self._wakeup.set()
+        return await future  # a cancelled caller cancels the future; the worker then skips it
+
+    async def _work(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while batch := self._take_batch():
+                await self._run(batch)
+
+    def _take_batch(self) -> list[_Pending]:
+        """Whatever is waiting, up to max_batch, at most one call per session (two calls of one
+        session would share its cache); the rest keep their place."""
+        batch: list[_Pending] = []
+        sessions: set[str] = set()
+        waiting: deque[_Pending] = deque()
+        now = self.clock()
+        for pending in self._queue:
+            if pending.future.done():
+                continue  # its caller went away (cancelled, or its deadline fired)
+            if pending.deadline is not None and pending.deadline <= now:
+                self.stats.expired += 1
+                pending.future.set_exception(DeadlineExpired("deadline passed while queued"))
+            elif len(batch) < self.config.max_batch and pending.item.session_id not in sessions:
+                batch.append(pending)
+                sessions.add(pending.item.session_id)
+            else:
+                waiting.append(pending)
+        self._queue = waiting
+        return batch
+
+    async def _run(self, batch: list[_Pending]) -> None:
+        items = [pending.item for pending in batch]
+        try:
+            proposals = await asyncio.to_thread(self.model.propose_batch, items)
+        except Exception as error:  # noqa: BLE001 - delivered to every caller of the batch
+            for pending in batch:
+                self._drop_cache(pending.item.session_id)  # half-fed caches cannot be trusted
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            return
+        self.stats.batches += 1
+        self.stats.batched_calls += len(batch)
+        self.stats.max_batch_size = max(self.stats.max_batch_size, len(batch))
+        for pending, proposal in zip(batch, proposals):
+            self.store.resize(pending.item.session_id)  # the cache grew by the context and the drafts
+            if not pending.future.done():
+                pending.future.set_result(proposal)
+
+    def _drop_cache(self, session_id: str) -> None:
+        session = self.store.get(session_id)
+        if session is not None:
+            session.cache = None
+            self.store.resize(session_id)
+
+
+class _CacheView(MutableMapping[str, "SequenceCache"]):
+    """The store seen as the `sessions` mapping `ModelDrafter` expects: session id -> KV cache."""
+
+    def __init__(self, store: SessionStore[DraftSession]):
+        self.store = store
+
+    def __getitem__(self, session_id: str) -> SequenceCache:
+        session = self.store[session_id]
+        if session.cache is None:
+            raise KeyError(session_id)
+        return session.cache
+
+    def __setitem__(self, session_id: str, cache: SequenceCache) -> None:
+        session = self.store.get(session_id)
+        if session is None:
+            return  # evicted since the call began: the drafter still holds this cache for the call, then it is gone (a miss)
+        session.cache = cache
+        self.store.resize(session_id)
+
+    def __delitem__(self, session_id: str) -> None:
+        session = self.store.get(session_id)
+        if session is None or session.cache is None:
+            raise KeyError(session_id)
+        session.cache = None
+        self.store.resize(session_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([sid for sid in self.store if (s := self.store.peek(sid)) is not None and s.cache is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
