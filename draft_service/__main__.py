@@ -55,7 +55,6 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("draft-model", server.draft_model, str, "local dir, .gguf file, hub id, or 'ngram' (prompt lookup, no model)")
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, _port, "port to bind; 0 picks a free one (printed at start)")
-    flag("device", server.device, str, "torch device of the draft model")
     flag("max-sessions", defaults.max_sessions, _positive_int, "sessions kept per replica (least recently used evicted beyond)")
     flag("max-cached-tokens", defaults.max_cached_tokens, _positive_int, "token positions kept over all sessions (LRU beyond)")
     flag("session-ttl", defaults.session_ttl_s, _seconds, "seconds an idle session is kept; 0 keeps it until LRU evicts it")
@@ -73,7 +72,6 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Se
         draft_model=args.draft_model,
         host=args.host,
         port=args.port,
-        device=args.device,
         grace_s=args.grace,
         drain_delay_s=args.drain_delay,
         draft=DraftConfig(

@@ -49,7 +49,6 @@ class ServerConfig:
     draft_model: str = "ngram"  # local dir, .gguf file, hub id, or "ngram" (no model)
     host: str = "127.0.0.1"
     port: int = 50052  # 0 picks a free port
-    device: str = "cpu"  # where the draft model runs
     grace_s: float = 10.0  # after SIGTERM, in-flight calls get this long to finish
     drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing calls, so balancers move first
     draft: DraftConfig = field(default_factory=DraftConfig)
@@ -172,7 +171,8 @@ def load_core(config: ServerConfig) -> DraftCore:
         return DraftCore(None, config.draft)
     from specdec.models import load_model
 
-    return DraftCore(load_model(config.draft_model, device=config.device), config.draft)
+    # CPU only for now: batched_forward and the keyed sampler build their tensors on the CPU.
+    return DraftCore(load_model(config.draft_model), config.draft)
 
 
 async def serve(config: ServerConfig, on_listening: Callable[[int], None] = lambda port: None) -> None:

@@ -207,6 +207,8 @@ class DraftCore:
 
     async def _draft(self, item: ProposeItem, deadline: float | None) -> DraftProposal:
         if len(self._queue) >= self.config.max_queue:
+            self._queue = deque(p for p in self._queue if not p.future.done())  # callers that left hold no place
+        if len(self._queue) >= self.config.max_queue:
             raise Overloaded(f"{len(self._queue)} calls already wait for the draft model (max_queue {self.config.max_queue})")
         if self._worker is None:
             self._wakeup = asyncio.Event()
