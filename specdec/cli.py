@@ -1,8 +1,10 @@
 """The `specdec` command. Flags map onto config dataclasses here and nowhere deeper.
 
-Subcommands grow with the services (`draft`, `target`, `coordinator`, `up`, `trace`); today:
+Subcommands grow with the services (`coordinator`, `up`, `trace` are to come); today:
   specdec generate --in-process "prompt"   one request through the single-process engine
-  specdec bench                            the single-process benchmark (bench/)
+  specdec draft ...                        the draft tier (flags: python -m draft_service --help)
+  specdec target ...                       the target actor pool (python -m target_service --help)
+  specdec bench ...                        the single-process benchmark (bench/)
 """
 
 from __future__ import annotations
@@ -89,29 +91,27 @@ def _cmd_generate(args) -> int:
     return 0
 
 
-def _cmd_bench(args) -> int:
-    from bench.single_process import main as bench_main
-
-    return bench_main(args.bench_args)
-
-
-def _cmd_draft(args) -> int:
-    from draft_service.__main__ import main as draft_main
-
-    return draft_main(args.service_args)
+# Subcommands that own their flags: `specdec draft ...` parses exactly like `python -m draft_service ...`.
+_DELEGATED = {
+    "draft": ("draft_service.__main__", "serve the draft tier (DraftService over gRPC)"),
+    "target": ("target_service.__main__", "start or resize the target actor pool on Ray"),
+    "bench": ("bench.single_process", "the single-process benchmark (bench/README.md)"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in _DELEGATED:
+        import importlib
+
+        return importlib.import_module(_DELEGATED[argv[0]][0]).main(argv[1:])
     parser = argparse.ArgumentParser(prog="specdec", description="Distributed speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
-    b = sub.add_parser("bench", help="run the benchmarks (see bench/README)")
-    b.add_argument("bench_args", nargs=argparse.REMAINDER)
-    # Services own their flags (and `python -m <service>` parses the same ones).
-    d = sub.add_parser("draft", help="serve the draft tier (DraftService over gRPC)", add_help=False)
-    d.add_argument("service_args", nargs=argparse.REMAINDER)
+    for name, (_, help_text) in _DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)  # listed in --help; handled above
     args = parser.parse_args(argv)
-    return {"generate": _cmd_generate, "bench": _cmd_bench, "draft": _cmd_draft}[args.command](args)
+    return _cmd_generate(args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ many sessions in one forward pass.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +19,7 @@ from specdec.batching import batched_forward
 from specdec.kv_cache import SequenceCache, resume, rollback
 from specdec.models import LoadedModel
 from specdec.sampling import SamplingParams, warp
+from specdec.session_store import SessionStore
 
 
 @dataclass
@@ -30,9 +31,10 @@ class VerifyItem:
 
 
 class TargetVerifier:
-    def __init__(self, loaded: LoadedModel, sessions: MutableMapping[str, SequenceCache] | None = None):
+    def __init__(self, loaded: LoadedModel, sessions: SessionStore[SequenceCache] | None = None):
         self.loaded = loaded
-        self.sessions = sessions if sessions is not None else {}
+        # Unbounded unless the owner passes a bounded store (the actor does: LRU, TTL, tokens).
+        self.sessions = sessions if sessions is not None else SessionStore(size=_cached_tokens)
 
     def verify(self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams) -> Verification:
         return self.verify_batch([VerifyItem(session_id, tokens, proposal, sampling)])[0]
@@ -54,11 +56,16 @@ class TargetVerifier:
             rejected = len(item.proposal.token_ids) - result.num_accepted
             rollback(session.cache, rejected)
             del session.tokens[len(session.tokens) - rejected :]
+            self.sessions.resize(item.session_id)  # the cache grew: count it, evict others to fit
             results.append(result)
         return results
 
     def end_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
+
+
+def _cached_tokens(session: SequenceCache) -> int:
+    return len(session.tokens)
 
 
 def _accept(item: VerifyItem, logits: torch.Tensor) -> Verification:

@@ -39,3 +39,15 @@ def tiny(tiny_dir):
         return loaded[(kind, seed)]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray per test session (2 CPUs, token auth with a per-session token)."""
+    import ray
+
+    from target_service.ray_cluster import connect
+
+    connect(None, namespace="specdec-test", num_cpus=2)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,72 @@
+"""`python -m target_service` / `specdec target`: start or resize the target actor pool.
+
+With `--address`, the pool is created (or resized) on that Ray cluster as detached, named actors
+and the command returns: they live on in the cluster and coordinators find them by name. With
+no address, a local Ray is started for the pool, and the command stays in the foreground (the
+local cluster ends with it) until Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from target_service.actor import ActorConfig
+from target_service.pool import NAMESPACE, PREFIX, actor_names, launch
+
+
+def _parser() -> argparse.ArgumentParser:
+    defaults = ActorConfig()
+    p = argparse.ArgumentParser(prog="specdec target", description=__doc__.splitlines()[0])
+    p.add_argument("--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)")
+    p.add_argument("--replicas", type=int, default=1, help="actors in the pool (a GPU each when there are GPUs)")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--namespace", default=NAMESPACE)
+    p.add_argument("--name", default=PREFIX, help="actor name prefix: actors are <name>-0 .. <name>-(n-1)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--max-batch", type=int, default=defaults.max_batch)
+    p.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
+    p.add_argument("--max-cached-tokens", type=int, default=defaults.max_cached_tokens)
+    p.add_argument("--session-ttl", type=float, default=defaults.session_ttl_s, help="seconds an idle session is kept")
+    p.add_argument("--full-precision", action="store_true", help="fp32 on GPUs too (CPU is always fp32)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    for name in ("replicas", "max_batch", "max_sessions", "max_cached_tokens"):
+        if getattr(args, name) < 1:
+            print(f"specdec target: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+    from target_service.ray_cluster import connect
+
+    config = ActorConfig(
+        target_model=args.target_model,
+        max_batch=args.max_batch,
+        max_sessions=args.max_sessions,
+        max_cached_tokens=args.max_cached_tokens,
+        session_ttl_s=args.session_ttl,
+        half_precision=not args.full_precision,
+    )
+    connect(args.address, args.namespace, num_cpus=args.num_cpus)
+    names = launch(config, args.replicas, prefix=args.name, namespace=args.namespace)
+    print(f"target pool {args.name} in namespace {args.namespace}: {', '.join(names)}", flush=True)
+    if args.address:
+        return 0
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print("local Ray: serving until Ctrl-C", flush=True)
+    stop.wait()
+    import ray
+
+    for name in actor_names(args.name, args.namespace):
+        ray.kill(ray.get_actor(name, namespace=args.namespace), no_restart=True)
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

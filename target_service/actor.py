@@ -1,0 +1,134 @@
+"""The Ray actor around the verifier: continuous batching of queued verify calls.
+
+Ray delivers concurrent `verify` calls to this async actor; each waits on a future while one
+worker task drains whatever is queued whenever the model is free and verifies it in a single
+forward pass (in a thread, so the event loop keeps accepting calls meanwhile). A restarted actor
+has lost its caches: every session then answers `miss` once and is re-prefilled by the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import ray
+import torch
+from opentelemetry import trace
+from opentelemetry.propagate import extract
+
+from specdec.acceptance import DraftProposal
+from specdec.models import load_model
+from specdec.session_store import SessionStore
+from target_service.protocol import VerifyReply, VerifyRequest
+from target_service.verifier import TargetVerifier, VerifyItem, _cached_tokens
+
+_tracer = trace.get_tracer("specdec.target")
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    target_model: str | None = None  # load_model spec; None = the embedded default
+    max_batch: int = 32  # rounds verified in one forward pass at most
+    max_sessions: int = 256  # cached sessions per actor (LRU beyond)
+    max_cached_tokens: int = 262_144  # summed cached positions per actor (LRU beyond)
+    session_ttl_s: float = 600.0  # idle sessions expire (a coordinator that died never ends them)
+    half_precision: bool = True  # fp16/bf16 weights when on a GPU; fp32 on CPU always
+
+
+class TargetActor:
+    def __init__(self, config: ActorConfig):
+        self.config = config
+        cuda = torch.cuda.is_available()
+        dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
+        self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
+        store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=_cached_tokens)
+        self.verifier = TargetVerifier(self.loaded, store)
+        self._queue: list[tuple[VerifyRequest, asyncio.Future]] = []
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self.batch_sizes: list[int] = []  # forward passes so far, by batch size (for tests and bench)
+        self.started_at = time.time()
+
+    def info(self) -> dict:
+        return {
+            "model": self.loaded.name,
+            "vocab_size": self.loaded.vocab_size,
+            "max_context": self.loaded.max_context,
+            "eos_token_ids": sorted(self.loaded.eos_token_ids),
+            "sessions": len(self.verifier.sessions),
+            "queued": len(self._queue),
+            "started_at": self.started_at,
+            "batch_sizes": list(self.batch_sizes),
+        }
+
+    async def verify(self, request: VerifyRequest) -> VerifyReply:
+        if self._worker is None:  # the actor's event loop exists only once a call runs
+            self._wakeup = asyncio.Event()
+            self._worker = asyncio.get_running_loop().create_task(self._drain())
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((request, future))
+        self._wakeup.set()
+        return await future
+
+    def end_session(self, session_id: str) -> None:
+        self.verifier.end_session(session_id)
+
+    async def _drain(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                batch, self._queue = self._queue[: self.config.max_batch], self._queue[self.config.max_batch :]
+                try:
+                    replies = await asyncio.to_thread(self._verify_batch, [request for request, _ in batch])
+                except Exception as error:  # one bad batch must not kill the worker
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(error)
+                    continue
+                for (_, future), reply in zip(batch, replies):
+                    if not future.done():
+                        future.set_result(reply)
+
+    def _verify_batch(self, requests: list[VerifyRequest]) -> list[VerifyReply]:
+        replies: list[VerifyReply | None] = [None] * len(requests)
+        items, where = [], []
+        for i, request in enumerate(requests):
+            context = self._context(request)
+            if context is None:
+                replies[i] = VerifyReply(None, miss=True)
+                continue
+            if len(context) + len(request.draft_ids) > self.loaded.max_context:
+                # The engine never asks this; a caller that does gets a clear error, not a wrong answer.
+                replies[i] = VerifyReply(None, error=f"{len(context)} tokens plus {len(request.draft_ids)} drafts exceed the model's context of {self.loaded.max_context}")
+                continue
+            items.append(VerifyItem(request.session_id, context, _proposal(request), request.sampling))
+            where.append(i)
+        self.batch_sizes.append(len(items))
+        with _tracer.start_as_current_span("specdec.verify", context=extract(requests[0].trace_carrier)) as span:
+            span.set_attribute("specdec.batch_size", len(items))
+            results = self.verifier.verify_batch(items) if items else []
+        for i, item, result in zip(where, items, results):
+            replies[i] = VerifyReply(result, held=len(item.tokens) + result.num_accepted)
+        return replies
+
+    def _context(self, request: VerifyRequest) -> list[int] | None:
+        """The full committed sequence, or None when this actor lacks the prefix it should hold."""
+        if request.committed_len == 0:
+            return list(request.new_tokens)
+        if request.session_id not in self.verifier.sessions:
+            return None
+        held = self.verifier.sessions[request.session_id].tokens
+        if len(held) < request.committed_len:
+            return None
+        return held[: request.committed_len] + list(request.new_tokens)
+
+
+def _proposal(request: VerifyRequest) -> DraftProposal:
+    return DraftProposal(list(request.draft_ids), request.draft_probs)
+
+
+def remote_actor_class(num_gpus: int, max_restarts: int = -1):
+    """The actor class for Ray: a GPU each when there are GPUs; Ray revives it when it dies."""
+    return ray.remote(num_gpus=num_gpus, num_cpus=0 if num_gpus else 1, max_restarts=max_restarts, max_concurrency=1000)(TargetActor)

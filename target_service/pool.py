@@ -1,0 +1,150 @@
+"""The pool the coordinator calls: the Verifier interface over named Ray target actors.
+
+Sessions stick to one actor while they live (its KV cache is there); a new session goes to the
+actor with the fewest live sessions of this pool. When an actor dies or restarts, its sessions
+get `miss` (or a Ray actor error), and the pool resends the full context from the coordinator's
+token list — to the restarted actor, or to another one if it stays down — so output never
+changes. Actors are found by name (`<prefix>-<i>` in a namespace), so any coordinator can attach
+to a running pool and a resize is picked up on the next refresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import ray
+from opentelemetry.propagate import inject
+from ray.actor import ActorHandle
+
+from specdec.acceptance import DraftProposal, Verification
+from specdec.sampling import SamplingParams
+from target_service.actor import ActorConfig, remote_actor_class
+from target_service.protocol import VerifyRequest
+
+NAMESPACE = "specdec"
+PREFIX = "specdec-target"
+_ACTOR_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+
+
+class TargetUnavailable(RuntimeError):
+    """No actor could verify the round within the retry budget."""
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    prefix: str = PREFIX  # actors are named <prefix>-0 .. <prefix>-(n-1)
+    namespace: str = NAMESPACE
+    attempts: int = 40  # tries per round across restarts and re-placements
+    backoff_s: float = 0.25  # wait between tries while an actor restarts
+    moves_after: int = 4  # consecutive failures on one actor before its sessions move
+    refresh_s: float = 10.0  # how often to look for added or removed actors
+
+
+@dataclass
+class _Placement:
+    actor: str  # actor name
+    held: int = 0  # tokens the actor holds for the session, as far as the pool knows
+    failures: int = 0
+
+
+class TargetPool:
+    def __init__(self, config: PoolConfig = PoolConfig()):
+        self.config = config
+        self.actors: dict[str, ActorHandle] = {}
+        self.sessions: dict[str, _Placement] = {}
+        self.resends = 0  # full-context resends after a miss or an actor failure
+        self._refreshed = 0.0
+        self.refresh()
+        if not self.actors:
+            raise TargetUnavailable(f"no target actors named {config.prefix}-N in namespace {config.namespace}")
+
+    def refresh(self) -> None:
+        names = actor_names(self.config.prefix, self.config.namespace)
+        self.actors = {name: self.actors.get(name) or ray.get_actor(name, namespace=self.config.namespace) for name in names}
+        self._refreshed = time.monotonic()
+
+    async def info(self) -> dict:
+        return await next(iter(self.actors.values())).info.remote()
+
+    async def verify(self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams) -> Verification:
+        tokens = list(tokens)
+        carrier: dict[str, str] = {}
+        inject(carrier)  # the round's span continues inside the actor
+        for _ in range(self.config.attempts):
+            placement = self._placement(session_id)
+            request = VerifyRequest(
+                session_id, placement.held, tokens[placement.held :], list(proposal.token_ids), proposal.draft_probs, sampling, carrier
+            )
+            try:
+                reply = await self.actors[placement.actor].verify.remote(request)
+            except _ACTOR_ERRORS:
+                self._failed(session_id, placement)
+                await asyncio.sleep(self.config.backoff_s)
+                continue
+            if reply.error:
+                raise ValueError(reply.error)
+            if reply.miss:
+                placement.held = 0
+                self.resends += 1
+                continue
+            placement.held, placement.failures = reply.held, 0
+            return reply.verification
+        raise TargetUnavailable(f"session {session_id}: no target actor answered after {self.config.attempts} tries")
+
+    async def end_session(self, session_id: str) -> None:
+        placement = self.sessions.pop(session_id, None)
+        if placement is not None and placement.actor in self.actors:
+            try:
+                await self.actors[placement.actor].end_session.remote(session_id)
+            except _ACTOR_ERRORS:
+                pass  # a dead actor holds nothing; its TTL would have freed it anyway
+
+    def _placement(self, session_id: str) -> _Placement:
+        if time.monotonic() - self._refreshed > self.config.refresh_s:
+            self.refresh()
+        placement = self.sessions.get(session_id)
+        if placement is None or placement.actor not in self.actors:
+            placement = self.sessions[session_id] = _Placement(self._least_loaded())
+        return placement
+
+    def _least_loaded(self, avoid: str | None = None) -> str:
+        load = {name: 0 for name in self.actors if name != avoid} or {name: 0 for name in self.actors}
+        for placement in self.sessions.values():
+            if placement.actor in load:
+                load[placement.actor] += 1
+        return min(load, key=lambda name: (load[name], name))
+
+    def _failed(self, session_id: str, placement: _Placement) -> None:
+        placement.held = 0  # whatever comes back up has lost the cache
+        placement.failures += 1
+        self.resends += 1
+        if placement.failures >= self.config.moves_after and len(self.actors) > 1:
+            self.sessions[session_id] = _Placement(self._least_loaded(avoid=placement.actor))
+
+
+def actor_names(prefix: str, namespace: str) -> list[str]:
+    pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)$")
+    found = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace and pattern.match(a["name"])]
+    return sorted(found, key=lambda name: int(pattern.match(name).group(1)))
+
+
+def launch(config: ActorConfig, replicas: int, prefix: str = PREFIX, namespace: str = NAMESPACE) -> list[str]:
+    """Create or resize the pool to `replicas` named actors; returns their names once all are up.
+
+    Existing actors are kept (their caches too); extra ones beyond `replicas` are killed. Actors
+    are detached: they outlive this call (and its process), owned by the cluster, not by us.
+    """
+    import torch
+
+    gpus = 1 if torch.cuda.is_available() else 0
+    cls = remote_actor_class(num_gpus=gpus)
+    options = {"namespace": namespace, "get_if_exists": True, "lifetime": "detached"}
+    handles = [cls.options(name=f"{prefix}-{i}", **options).remote(config) for i in range(replicas)]
+    ray.get([h.info.remote() for h in handles])  # raises here if a model fails to load
+    for name in actor_names(prefix, namespace)[replicas:]:
+        ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    return [f"{prefix}-{i}" for i in range(replicas)]

@@ -1,0 +1,142 @@
+"""The target tier as Ray actors: same outputs as in-process, batching, affinity, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+import ray
+
+from coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
+from coordinator.local import LocalModelProposer, LocalNgramProposer, LocalVerifier
+from draft_service.model_drafter import ModelDrafter
+from specdec.sampling import SamplingParams
+from target_service.actor import ActorConfig
+from target_service.pool import PoolConfig, TargetPool, launch
+from target_service.verifier import TargetVerifier
+
+PROMPTS = [[5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17], [9, 8, 7, 9, 8, 7, 1], [200, 3, 200, 4, 200], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+NEW_TOKENS = 20
+_names = itertools.count()
+
+
+@pytest.fixture
+def pool_factory(ray_local, tiny_dir):
+    made = []
+
+    def make(replicas: int = 1, kind: str = "llama") -> TargetPool:
+        prefix = f"test-target-{next(_names)}"
+        launch(ActorConfig(target_model=tiny_dir(kind, 1)), replicas, prefix=prefix, namespace="specdec-test")
+        pool = TargetPool(PoolConfig(prefix=prefix, namespace="specdec-test", backoff_s=0.1))
+        made.append(pool)
+        return pool
+
+    yield make
+    for pool in made:
+        for actor in pool.actors.values():
+            ray.kill(actor, no_restart=True)
+
+
+def _engines(tiny, pool, drafter: str):
+    target = tiny("llama", 1)
+    proposer = LocalNgramProposer() if drafter == "ngram" else LocalModelProposer(ModelDrafter(tiny("llama", 2)))
+    config = EngineConfig(max_draft_tokens=8)
+    remote = SpeculativeEngine(proposer, pool, target, config)
+    local = SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
+    return remote, local
+
+
+async def _run_all(engine, requests):
+    return await asyncio.gather(*(engine.generate(r) for r in requests))
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_pool_gives_in_process_outputs(tiny, pool_factory, drafter):
+    pool = pool_factory()
+    remote, local = _engines(tiny, pool, drafter)
+    sampled = SamplingParams(temperature=0.9, top_k=50, seed=5)
+    for sampling in (SamplingParams(), sampled):
+        requests = [GenerationRequest(prompt_token_ids=p, max_new_tokens=NEW_TOKENS, sampling=sampling, max_draft_tokens=4) for p in PROMPTS]
+        expected = [asyncio.run(local.generate(r)).token_ids for r in requests]
+        got = asyncio.run(_run_all(remote, requests))
+        assert [g.token_ids for g in got] == expected
+    info = ray.get(next(iter(pool.actors.values())).info.remote())
+    assert max(info["batch_sizes"]) > 1  # concurrent requests shared forward passes
+    assert info["sessions"] == 0  # every finished request ended its session
+
+
+def test_two_actors_spread_sessions_and_keep_them(tiny, pool_factory):
+    pool = pool_factory(replicas=2)
+    target = tiny("llama", 1)
+    engine = SpeculativeEngine(LocalNgramProposer(), pool, target)
+    seen: dict[str, set[str]] = {}
+    original = pool._placement
+
+    def spy(session_id):
+        placement = original(session_id)
+        seen.setdefault(session_id, set()).add(placement.actor)
+        return placement
+
+    pool._placement = spy
+    requests = [GenerationRequest(prompt_token_ids=p, max_new_tokens=NEW_TOKENS) for p in PROMPTS]
+    asyncio.run(_run_all(engine, requests))
+    assert len(seen) == len(PROMPTS)
+    assert all(len(actors) == 1 for actors in seen.values())  # affinity: one actor per session
+    assert len(set().union(*seen.values())) == 2  # spread over both
+
+
+def test_killed_actor_loses_no_request(tiny, pool_factory):
+    pool = pool_factory()
+    remote, local = _engines(tiny, pool, "ngram")
+    requests = [GenerationRequest(prompt_token_ids=p, max_new_tokens=NEW_TOKENS, max_draft_tokens=2) for p in PROMPTS]
+    expected = [asyncio.run(local.generate(r)).token_ids for r in requests]
+    actor = next(iter(pool.actors.values()))
+
+    async def kill_midway():
+        # Once all four requests are placed and one has generated a few tokens, kill the actor
+        # (Ray revives it with empty caches).
+        while len(pool.sessions) < len(PROMPTS) or max(p.held for p in pool.sessions.values()) < 13 + 4:
+            await asyncio.sleep(0.005)
+        ray.kill(actor, no_restart=False)
+
+    async def scenario():
+        killer = asyncio.create_task(asyncio.wait_for(kill_midway(), 60))
+        results = await asyncio.wait_for(_run_all(remote, requests), 120)
+        await killer
+        return results
+
+    results = asyncio.run(scenario())
+    assert [r.token_ids for r in results] == expected
+    assert pool.resends >= len(PROMPTS)  # the recovery path really ran
+
+
+def test_unknown_session_misses_and_oversize_round_is_refused(tiny, pool_factory):
+    from specdec.acceptance import DraftProposal
+    from target_service.protocol import VerifyRequest
+
+    pool = pool_factory()
+    actor = next(iter(pool.actors.values()))
+    greedy = SamplingParams()
+    miss = ray.get(actor.verify.remote(VerifyRequest("nobody", 5, [1, 2], [], None, greedy)))
+    assert miss.miss and miss.verification is None
+    too_long = ray.get(actor.verify.remote(VerifyRequest("big", 0, [1] * 250, [2] * 8, None, greedy)))
+    assert too_long.error and "context" in too_long.error and too_long.verification is None
+    with pytest.raises(ValueError, match="context"):
+        asyncio.run(pool.verify("big2", [1] * 250, DraftProposal([2] * 8), greedy))
+
+
+def test_cli_resizes_a_running_pool(ray_local, tiny_dir):
+    from target_service.__main__ import main
+    from target_service.pool import actor_names
+
+    address = ray.get_runtime_context().gcs_address
+    args = ["--address", address, "--namespace", "specdec-test", "--name", "cli-pool", "--target-model", tiny_dir("llama", 1)]
+    try:
+        assert main(args + ["--replicas", "2"]) == 0
+        assert actor_names("cli-pool", "specdec-test") == ["cli-pool-0", "cli-pool-1"]
+        assert main(args + ["--replicas", "1"]) == 0
+        assert actor_names("cli-pool", "specdec-test") == ["cli-pool-0"]
+    finally:
+        for name in actor_names("cli-pool", "specdec-test"):
+            ray.kill(ray.get_actor(name, namespace="specdec-test"), no_restart=True)
