@@ -20,11 +20,9 @@ from opentelemetry.propagate import extract
 from specdec.acceptance import DraftProposal
 from specdec.models import load_model
 from specdec.session_store import SessionStore
+from specdec.telemetry import configure_tracing
 from target_service.protocol import VerifyReply, VerifyRequest
 from target_service.verifier import TargetVerifier, VerifyItem, _cached_tokens
-
-_tracer = trace.get_tracer("specdec.target")
-
 
 @dataclass(frozen=True)
 class ActorConfig:
@@ -33,12 +31,14 @@ class ActorConfig:
     max_sessions: int = 256  # cached sessions per actor (LRU beyond)
     max_cached_tokens: int = 262_144  # summed cached positions per actor (LRU beyond)
     session_ttl_s: float = 600.0  # idle sessions expire (a coordinator that died never ends them)
-    half_precision: bool = True  # fp16/bf16 weights when on a GPU; fp32 on CPU always
+    half_precision: bool = True  # bf16 weights when on a GPU; fp32 on CPU always
+    trace_in_memory: bool = False  # keep finished spans for `finished_spans` (tests)
 
 
 class TargetActor:
     def __init__(self, config: ActorConfig):
         self.config = config
+        self._spans = configure_tracing("specdec-target", memory=config.trace_in_memory)
         cuda = torch.cuda.is_available()
         dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
         self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
@@ -74,6 +74,19 @@ class TargetActor:
     def end_session(self, session_id: str) -> None:
         self.verifier.end_session(session_id)
 
+    def finished_spans(self) -> list[dict]:
+        """Spans this actor recorded, when configured with trace_in_memory."""
+        spans = self._spans.get_finished_spans() if self._spans else ()
+        return [
+            {
+                "name": s.name,
+                "trace_id": f"{s.context.trace_id:032x}",
+                "parent_span_id": f"{s.parent.span_id:016x}" if s.parent else "",
+                "attributes": dict(s.attributes),
+            }
+            for s in spans
+        ]
+
     async def _drain(self) -> None:
         while True:
             await self._wakeup.wait()
@@ -106,10 +119,27 @@ class TargetActor:
             items.append(VerifyItem(request.session_id, context, _proposal(request), request.sampling))
             where.append(i)
         self.batch_sizes.append(len(items))
-        with _tracer.start_as_current_span("specdec.verify", context=extract(requests[0].trace_carrier)) as span:
-            span.set_attribute("specdec.batch_size", len(items))
+        # One span per round, in the trace of the request it belongs to, though the rounds of
+        # many requests share the forward pass.
+        tracer = trace.get_tracer("specdec.target")
+        spans = [tracer.start_span("specdec.verify", context=extract(requests[i].trace_carrier)) for i in where]
+        try:
             results = self.verifier.verify_batch(items) if items else []
-        for i, item, result in zip(where, items, results):
+        except Exception as error:
+            for span in spans:
+                span.record_exception(error)
+                span.end()
+            raise
+        for i, item, result, span in zip(where, items, results, spans):
+            span.set_attributes(
+                {
+                    "specdec.batch_size": len(items),
+                    "specdec.k": len(item.proposal.token_ids),
+                    "specdec.num_accepted": result.num_accepted,
+                    "specdec.context_tokens": len(item.tokens),
+                }
+            )
+            span.end()
             replies[i] = VerifyReply(result, held=len(item.tokens) + result.num_accepted)
         return replies
 

@@ -25,9 +25,9 @@ _names = itertools.count()
 def pool_factory(ray_local, tiny_dir):
     made = []
 
-    def make(replicas: int = 1, kind: str = "llama") -> TargetPool:
+    def make(replicas: int = 1, kind: str = "llama", **config) -> TargetPool:
         prefix = f"test-target-{next(_names)}"
-        launch(ActorConfig(target_model=tiny_dir(kind, 1)), replicas, prefix=prefix, namespace="specdec-test")
+        launch(ActorConfig(target_model=tiny_dir(kind, 1), **config), replicas, prefix=prefix, namespace="specdec-test")
         pool = TargetPool(PoolConfig(prefix=prefix, namespace="specdec-test", backoff_s=0.1))
         made.append(pool)
         return pool
@@ -140,3 +140,21 @@ def test_cli_resizes_a_running_pool(ray_local, tiny_dir):
     finally:
         for name in actor_names("cli-pool", "specdec-test"):
             ray.kill(ray.get_actor(name, namespace="specdec-test"), no_restart=True)
+
+
+def test_verify_span_joins_the_callers_trace_inside_the_actor(pool_factory):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from specdec.acceptance import DraftProposal
+
+    pool = pool_factory(trace_in_memory=True)
+    tracer = TracerProvider().get_tracer("test")  # a provider of the test's own: no global state
+    with tracer.start_as_current_span("specdec.round") as parent:
+        asyncio.run(pool.verify("traced", [5, 6, 7, 8], DraftProposal([9, 10]), SamplingParams()))
+    context = parent.get_span_context()
+    spans = ray.get(next(iter(pool.actors.values())).finished_spans.remote())
+    verify = [s for s in spans if s["name"] == "specdec.verify"]
+    assert len(verify) == 1
+    assert verify[0]["trace_id"] == f"{context.trace_id:032x}"
+    assert verify[0]["parent_span_id"] == f"{context.span_id:016x}"
+    assert verify[0]["attributes"]["specdec.k"] == 2
