@@ -42,6 +42,9 @@ class DraftClientConfig:
     probs_encoding: int = common_pb2.DRAFT_PROBS_ENCODING_UNSPECIFIED  # the server picks the smaller exact form
     # Dense fp32 q over Gemma 3's vocabulary is 1 MiB per draft token: far above gRPC's 4 MiB default.
     max_receive_bytes: int = 256 << 20
+    # gRPC's default reconnect backoff starts at 1 s and grows to 120 s; a restarted draft pod is
+    # back in seconds, and until the channel reconnects every request decodes without drafts.
+    reconnect_backoff_s: tuple[float, float] = (0.2, 5.0)  # (first, largest)
 
 
 @dataclass
@@ -157,6 +160,9 @@ class DraftClient:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.max_receive_message_length", self.config.max_receive_bytes),
+            ("grpc.initial_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[0] * 1000)),
+            ("grpc.min_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[0] * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[1] * 1000)),
         )
         channel = grpc.aio.insecure_channel(address, options=options)
         self._channels[address] = (channel, draft_pb2_grpc.DraftServiceStub(channel))

@@ -45,6 +45,8 @@ def response_to_proto(result: Delta, trace_id: str = "") -> pb.GenerateResponse:
             accepted_tokens=stats.accepted_tokens,
             non_speculative_rounds=stats.non_speculative_rounds,
             accepted_per_position=stats.accepted_per_position,
+            pipelined_rounds=stats.pipelined_rounds,
+            draft_failures=stats.draft_failures,
         ),
         trace_id=trace_id,
     )

@@ -9,6 +9,7 @@ k = 0 is plain decoding through the same path.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -18,6 +19,7 @@ from typing import Protocol
 
 from transformers import PreTrainedTokenizerBase
 
+from coordinator.drafting import DraftSide
 from coordinator.text import OutputText
 from specdec.acceptance import DraftProposal, Verification
 from specdec.errors import InvalidArgument
@@ -53,6 +55,9 @@ class TargetInfo(Protocol):
 class EngineConfig:
     default_draft_tokens: int = 4  # k for requests that leave speculation.max_draft_tokens at 0
     max_draft_tokens: int = 16  # the largest k a request may ask for
+    pipeline: bool = True  # request round r+1's drafts while round r is verified
+    draft_timeout_s: float = 2.0  # a proposal later than this is dropped: that round runs with k = 0
+    draft_retry_s: float = 1.0  # after a draft failure, rounds run with k = 0 this long
 
 
 @dataclass
@@ -78,6 +83,8 @@ class SpeculationStats:
     draft_tokens: int = 0  # proposed
     accepted_tokens: int = 0  # proposed and accepted
     non_speculative_rounds: int = 0  # rounds verified with no draft (k = 0)
+    pipelined_rounds: int = 0  # rounds whose drafts were requested during the previous verification
+    draft_failures: int = 0  # proposals lost to a draft tier that erred or was too slow
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds whose draft i was accepted
 
     def record(self, proposed: int, accepted: int) -> None:
@@ -119,17 +126,23 @@ class SpeculativeEngine:
         tokens = list(prompt)
         output = OutputText(self.target.tokenizer, self.target.eos_token_ids, request.stop)
         stats = SpeculationStats()
+        cfg = self.config
+        drafts = DraftSide(self.proposer, session_id, request.sampling, pipeline=cfg.pipeline, timeout_s=cfg.draft_timeout_s, retry_s=cfg.draft_retry_s)
+
+        def k_for(length: int) -> int:
+            # Never draft past what may still be emitted: the verifier adds one token itself.
+            return min(k_max, request.max_new_tokens - (length - len(prompt)) - 1, self.target.max_context - length - 1)
+
         try:
             while True:
                 generated = len(tokens) - len(prompt)
-                # Never draft past what may still be emitted: the verifier adds one token itself.
-                k = min(k_max, request.max_new_tokens - generated - 1, self.target.max_context - len(tokens) - 1)
-                proposal = DraftProposal([])
-                if k > 0:
-                    proposal = await self.proposer.propose(session_id, tokens, k, request.sampling)
-                    proposal.token_ids = proposal.token_ids[:k]
-                result = await self.verifier.verify(session_id, tokens, proposal, request.sampling)
+                k = k_for(len(tokens))
+                proposal, guess = await drafts.propose(tokens, k)
+                verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
+                drafts.prefetch(tokens, proposal, guess, k_for(len(tokens) + len(proposal.token_ids) + 1))
+                result = await verifying
                 stats.record(len(proposal.token_ids), result.num_accepted)
+                stats.pipelined_rounds, stats.draft_failures = drafts.pipelined_hits, drafts.failures
                 room = min(request.max_new_tokens - generated, self.target.max_context - len(tokens))
                 kept, text = output.add(result.accepted_ids[:room])
                 tokens.extend(kept)
@@ -142,6 +155,7 @@ class SpeculativeEngine:
                 yield Delta(kept, text, reason, len(prompt), stats)
                 return
         finally:
+            await drafts.cancel_pipelined()
             await self.proposer.end_session(session_id)
             await self.verifier.end_session(session_id)
 

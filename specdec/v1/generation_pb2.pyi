@@ -68,18 +68,22 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "non_speculative_rounds", "accepted_per_position")
+    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "non_speculative_rounds", "accepted_per_position", "pipelined_rounds", "draft_failures")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NON_SPECULATIVE_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    PIPELINED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     draft_tokens: int
     accepted_tokens: int
     non_speculative_rounds: int
     accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., non_speculative_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ...) -> None: ...
+    pipelined_rounds: int
+    draft_failures: int
+    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., non_speculative_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., pipelined_rounds: _Optional[int] = ..., draft_failures: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "speculation", "trace_id")

@@ -1,0 +1,86 @@
+"""The draft side of one request: fallback to plain decoding, and pipelining.
+
+Fallback: a proposer that errors or answers later than `draft_timeout_s` costs one round without
+speculation (k = 0), not the request; speculation is retried `draft_retry_s` later, so a draft
+tier that comes back is used again. The tokens never change: k = 0 goes through the same
+verifier, and every draw is keyed by position.
+
+Pipelining (DESIGN.md, "Batching and pipelining"): each proposal asks for one token more than
+the round drafts. While the round is verified, the next round's proposal is requested for the
+context that full acceptance would give, with that extra token as the guess of the target's
+bonus. If verification agrees, the next round starts with its drafts ready; if not, the
+speculative call is cancelled and the drafter's cache rolls back on the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from specdec.acceptance import DraftProposal
+from specdec.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class DraftSide:
+    def __init__(self, proposer, session_id: str, sampling: SamplingParams, *, pipeline: bool, timeout_s: float, retry_s: float):
+        self.proposer = proposer
+        self.session_id = session_id
+        self.sampling = sampling
+        self.pipeline = pipeline
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self.failures = 0  # proposer errors and timeouts
+        self.pipelined_hits = 0  # rounds whose drafts were ready when verification ended
+        self._retry_at = 0.0
+        self._next: tuple[tuple[int, ...], int, asyncio.Task] | None = None  # (context, k, task)
+
+    async def propose(self, tokens: Sequence[int], k: int) -> tuple[DraftProposal, int | None]:
+        """This round's k drafts and, when pipelining, the drafter's guess of the token after them."""
+        if k <= 0:
+            await self.cancel_pipelined()
+            return DraftProposal([]), None
+        ready = self._next
+        self._next = None
+        if ready is not None and ready[0] == tuple(tokens) and ready[1] == k:
+            self.pipelined_hits += 1
+            return await ready[2]
+        if ready is not None:
+            await _cancel(ready[2])
+        return await self._call(list(tokens), k)
+
+    def prefetch(self, tokens: Sequence[int], proposal: DraftProposal, guess: int | None, k_next: int) -> None:
+        """Start the next round's proposal as if every draft and the guessed bonus are accepted."""
+        if not self.pipeline or guess is None or k_next <= 0:
+            return
+        context = list(tokens) + list(proposal.token_ids) + [guess]
+        self._next = (tuple(context), k_next, asyncio.create_task(self._call(context, k_next)))
+
+    async def cancel_pipelined(self) -> None:
+        if self._next is not None:
+            task, self._next = self._next[2], None
+            await _cancel(task)
+
+    async def _call(self, tokens: list[int], k: int) -> tuple[DraftProposal, int | None]:
+        if time.monotonic() < self._retry_at:
+            return DraftProposal([]), None
+        wanted = k + 1 if self.pipeline else k
+        try:
+            proposal = await asyncio.wait_for(self.proposer.propose(self.session_id, tokens, wanted, self.sampling), self.timeout_s)
+        except Exception as error:  # the draft tier is down, slow or broken: decode without it
+            self.failures += 1
+            self._retry_at = time.monotonic() + self.retry_s
+            log.warning("draft tier unavailable (%s: %s); k = 0 for %.1f s", type(error).__name__, error, self.retry_s)
+            return DraftProposal([]), None
+        ids = list(proposal.token_ids)
+        guess = ids[k] if self.pipeline and len(ids) > k else None
+        q = proposal.draft_probs[:k] if proposal.draft_probs is not None else None
+        return DraftProposal(ids[:k], q), guess
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
