@@ -80,8 +80,13 @@ def gate(core: DraftCore) -> tuple[threading.Event, threading.Event]:
     return entered, release
 
 
+# Pipelining off: these tests count Propose calls and misses per round, which speculative
+# next-round calls would blur (pipelining has its own tests in test_pipeline_fallback.py).
+CONFIG = EngineConfig(max_draft_tokens=8, pipeline=False)
+
+
 def _engine(proposer, target) -> SpeculativeEngine:
-    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, EngineConfig(max_draft_tokens=8))
+    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, CONFIG)
 
 
 def _request(sampling: SamplingParams = SamplingParams(), prompt=PROMPT, k: int = 4, new_tokens: int = NEW_TOKENS) -> GenerationRequest:
@@ -205,7 +210,7 @@ def test_lost_session_is_recovered_with_unchanged_output(tiny, drafter, event):
 
         verifier = HookedVerifier(LocalVerifier(TargetVerifier(target)), 2, hook)
         try:
-            result = await SpeculativeEngine(client, verifier, target, EngineConfig(max_draft_tokens=8)).generate(request)
+            result = await SpeculativeEngine(client, verifier, target, CONFIG).generate(request)
             return result, client.misses, servers[-1].core.stats.misses
         finally:
             await client.close()
