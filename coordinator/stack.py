@@ -1,0 +1,163 @@
+"""The coordinator's parts put together: the engine over the remote tiers, and the local stack.
+
+`connect_engine` builds what `specdec coordinator` serves: the draft client, the target pool and
+a `TargetInfo` made of the target's tokenizer (no weights: the coordinator never runs the model)
+and what the pool reports (vocabulary, context, EOS ids). `LocalStack` is `specdec up` and
+`specdec demo`: a draft server subprocess, a target pool on a local Ray, and the coordinator in
+this process, stopped in the reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+
+import grpc
+import ray
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry import trace
+from transformers import PreTrainedTokenizerBase
+
+from coordinator.clients import DraftClient
+from coordinator.engine import EngineConfig, SpeculativeEngine
+from coordinator.server import GenerationServer, ServerConfig
+from specdec.models import EMBEDDED_NAME, load_tokenizer
+from target_service.actor import ActorConfig
+from target_service.pool import NAMESPACE, PREFIX, PoolConfig, TargetPool, launch
+
+
+@dataclass(frozen=True)
+class RemoteTarget:
+    """The engine's `TargetInfo` for a target model held by the pool, not by this process."""
+
+    tokenizer: PreTrainedTokenizerBase
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    max_context: int
+    name: str  # the model as the pool names it
+
+
+async def connect_engine(draft: DraftClient, pool: TargetPool, target_model: str | None = None, config: EngineConfig = EngineConfig()) -> SpeculativeEngine:
+    """The engine over both tiers. The tokenizer is loaded from `target_model`, or by default
+    from the model the pool reports (the same spec names the same files on every machine of a
+    deployment built from one image)."""
+    info = await pool.info()
+    if target_model is None and info["model"] != EMBEDDED_NAME:
+        target_model = info["model"]
+    tokenizer = await asyncio.to_thread(load_tokenizer, target_model)
+    target = RemoteTarget(tokenizer, frozenset(info["eos_token_ids"]), info["vocab_size"], info["max_context"], info["model"])
+    return SpeculativeEngine(draft, pool, target, config)
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    target_model: str | None = None  # load_model spec; None = the embedded default
+    draft_model: str = "ngram"  # the draft server's model, or "ngram" (prompt lookup, no model)
+    target_replicas: int = 1  # target actors on the local Ray
+    pool_name: str = PREFIX  # actors are <pool_name>-0 .. -(n-1)
+    namespace: str = NAMESPACE
+    draft_start_s: float = 600.0  # the draft server must answer SERVING within this (a model loads first)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+class LocalStack:
+    """Every part on this machine: `async with LocalStack(config) as stack:`; all that it started
+    stops on exit, including when starting fails halfway."""
+
+    def __init__(self, config: StackConfig = StackConfig(), tracer: trace.Tracer | None = None):
+        self.config = config
+        self.tracer = tracer
+        self.draft_process: asyncio.subprocess.Process | None = None
+        self.draft_address = ""
+        self.actor_names: list[str] = []
+        self.draft: DraftClient | None = None
+        self.server: GenerationServer | None = None
+        self.address = ""  # the coordinator's host:port
+        self.target_name = ""
+        self._started_ray = False
+
+    async def __aenter__(self) -> LocalStack:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        c = self.config
+        # The draft server starts in its own process while Ray and the target actors start here.
+        self.draft_process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "draft_service", "--draft-model", c.draft_model, "--host", "127.0.0.1", "--port", "0",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self._started_ray = not ray.is_initialized()
+        if self._started_ray:
+            from target_service.ray_cluster import connect
+
+            # One CPU per actor at least: Ray would otherwise leave the extra actors pending.
+            connect(None, c.namespace, num_cpus=max(os.cpu_count() or 1, c.target_replicas))
+        self.actor_names = await asyncio.to_thread(launch, ActorConfig(target_model=c.target_model), c.target_replicas, c.pool_name, c.namespace)
+        pool = TargetPool(PoolConfig(prefix=c.pool_name, namespace=c.namespace))
+        self.draft_address = await asyncio.wait_for(self._draft_ready(), c.draft_start_s)
+        self.draft = DraftClient(self.draft_address)
+        engine = await connect_engine(self.draft, pool, c.target_model, c.engine)
+        self.target_name = engine.target.name
+        self.server = GenerationServer(engine, c.server, self.tracer)
+        port = await self.server.start()
+        self.address = f"{c.server.host}:{port}"
+
+    async def stop(self) -> None:
+        """Coordinator first (its calls in flight may finish), then the draft server, then the
+        target actors and the Ray this stack started."""
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+        if self.draft is not None:
+            await self.draft.close()
+            self.draft = None
+        if self.draft_process is not None:
+            await _terminate(self.draft_process)
+            self.draft_process = None
+        if ray.is_initialized():
+            for name in self.actor_names:
+                try:
+                    ray.kill(ray.get_actor(name, namespace=self.config.namespace), no_restart=True)
+                except ValueError:
+                    pass  # never started, or already gone
+            self.actor_names = []
+            if self._started_ray:
+                ray.shutdown()
+
+    async def _draft_ready(self) -> str:
+        """The draft server's address, once its health says SERVING (its model loads after it listens)."""
+        line = (await self.draft_process.stdout.readline()).decode()
+        if " listening on " not in line:
+            code = await self.draft_process.wait()
+            raise RuntimeError(f"the draft server exited with code {code} before listening")
+        address = line.rsplit(" ", 1)[-1].strip()
+        async with grpc.aio.insecure_channel(address) as channel:
+            # Watch streams the status on every change: no polling while the model loads.
+            async for reply in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="")):
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return address
+        raise RuntimeError(f"the draft server at {address} stopped before serving")
+
+
+async def _terminate(process: asyncio.subprocess.Process, grace_s: float = 15.0) -> None:
+    if process.returncode is None:
+        try:
+            process.send_signal(signal.SIGTERM)  # it drains: NOT_SERVING, calls in flight finish
+            await asyncio.wait_for(process.wait(), grace_s)
+        except ProcessLookupError:
+            pass
+        except TimeoutError:
+            process.kill()
+            await process.wait()
