@@ -19,6 +19,7 @@ CASES = [
     (30, 1, 1),
     (7, 17, 17),
     (0, 4, 4),
+    (4, 30, 1),  # shares the 17-32 bucket with (7, 17, 17): 13 right pads, more than the window
 ]
 
 
