@@ -48,6 +48,26 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"must be 'on' or 'off', got {text!r}")
+    return text == "on"
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -79,7 +99,9 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("max-draft-tokens", engine.max_draft_tokens, _positive_int, "largest k a request may ask for")
     flag("default-draft-tokens", engine.default_draft_tokens, _nonnegative_int, "k for requests that leave it unset")
     flag("max-inflight", server.max_inflight, _positive_int, "requests generating at once; more get RESOURCE_EXHAUSTED")
-    flag("grace", server.grace_s, float, "seconds calls in flight get to finish after SIGTERM")
+    flag("pipeline", "on" if engine.pipeline else "off", _on_off, "'on': draft round r+1 while round r is verified")
+    flag("draft-timeout", engine.draft_timeout_s, _positive_seconds, "a proposal later than this is dropped (that round runs with k = 0)")
+    flag("grace", server.grace_s, _seconds, "seconds calls in flight get to finish after SIGTERM")
     return p
 
 
@@ -95,7 +117,12 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         ray_address=args.ray_address,
         target_model=args.target_model,
         server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace),
-        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens),
+        engine=EngineConfig(
+            default_draft_tokens=args.default_draft_tokens,
+            max_draft_tokens=args.max_draft_tokens,
+            pipeline=args.pipeline,
+            draft_timeout_s=args.draft_timeout,
+        ),
     )
 
 
@@ -139,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(config))
     except TargetUnavailable as e:
         print(f"specdec coordinator: {e}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, RuntimeError) as e:  # the tokenizer the pool names is not here; a busy port
+        print(f"specdec coordinator: {type(e).__name__}: {e} (--target-model names where to load the tokenizer from)", file=sys.stderr)
         return 1
     return 0
 

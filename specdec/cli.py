@@ -58,7 +58,7 @@ def _stack_parser(sub, name: str, help_text: str, port: int) -> argparse.Argumen
     p.add_argument("--max-draft-tokens", type=int, default=16, help="largest k a request may ask for")
     p.add_argument("--default-draft-tokens", type=int, default=4, help="k for requests that leave it unset")
     p.add_argument("--max-inflight", type=int, default=64, help="requests generating at once; more get RESOURCE_EXHAUSTED")
-    p.add_argument("--no-pipeline", action="store_true", help="wait for each verification before drafting the next round")
+    p.add_argument("--pipeline", choices=("on", "off"), default="on", help="'on' (default): draft round r+1 while round r is verified")
     return p
 
 
@@ -203,7 +203,7 @@ def _stack_config(args):
         draft_model=args.draft_model,
         target_replicas=args.target_replicas,
         server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight),
-        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=not args.no_pipeline),
+        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=args.pipeline == "on"),
     )
 
 
@@ -222,10 +222,17 @@ async def _up(config, status_every_s: float) -> int:
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+    def on_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+    on_signals()
     print("starting the local stack (the first start converts the embedded model: about 90 s) ...", flush=True)
     async with LocalStack(config) as stack:
+        # Again: starting Ray installs its own SIGTERM handler, which dumps a stack and exits at
+        # once (measured: the draft server and the actors were left to fend for themselves).
+        on_signals()
         _print_parts(stack)
         print(f'serving; try: specdec generate --address {stack.address} --stream "..."   (Ctrl-C stops every part)', flush=True)
         status = _StatusLine(stack.server.stats)
@@ -309,9 +316,13 @@ def main(argv: list[str] | None = None) -> int:
 
     config = _stack_config(args)
     configure_tracing("specdec-coordinator")
-    if args.command == "up":
-        return asyncio.run(_up(config, args.status_every))
-    return asyncio.run(_demo(config, args.prompt, args.max_new_tokens))
+    try:
+        if args.command == "up":
+            return asyncio.run(_up(config, args.status_every))
+        return asyncio.run(_demo(config, args.prompt, args.max_new_tokens))
+    except RuntimeError as e:  # a part that did not start (a busy port, a draft server that exited); the rest was stopped
+        print(f"specdec {args.command}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -69,10 +69,14 @@ def test_coordinator_flags_and_environment_map_onto_the_config():
     config = parse_config(["--draft", "127.0.0.1:50052", "--max-inflight", "3"], {"SPECDEC_COORDINATOR_MAX_INFLIGHT": "9", "SPECDEC_COORDINATOR_PORT": "0"})
     assert config.server.max_inflight == 3 and config.server.port == 0  # the flag wins over the environment
     assert config.draft == "127.0.0.1:50052" and config.ray_address == "auto" and config.target_model is None
-    assert parse_config([], {"SPECDEC_COORDINATOR_DRAFT": "dns:///draft:50052"}).draft == "dns:///draft:50052"
-    for argv in ([], ["--draft", "x:1", "--default-draft-tokens", "9", "--max-draft-tokens", "8"], ["--draft", "x:1", "--port", "70000"]):
+    from_env = parse_config([], {"SPECDEC_COORDINATOR_DRAFT": "dns:///draft:50052", "SPECDEC_COORDINATOR_PIPELINE": "off"})
+    assert from_env.draft == "dns:///draft:50052" and not from_env.engine.pipeline and config.engine.pipeline
+    bad = (["--default-draft-tokens", "9", "--max-draft-tokens", "8"], ["--port", "70000"], ["--pipeline", "yes"], ["--draft-timeout", "0"])
+    with pytest.raises(SystemExit):
+        parse_config([], {})  # --draft is required
+    for argv in bad:
         with pytest.raises(SystemExit):
-            parse_config(argv, {})
+            parse_config(["--draft", "x:1", *argv], {})
 
 
 def test_core_imports_neither_grpc_nor_ray():
