@@ -1,0 +1,79 @@
+"""Benchmark workloads, built at run time from this machine's Python standard library.
+
+- copy: "rewrite this function" prompts whose answer copies most of the prompt, the case
+  prompt-lookup drafting is made for (code edits, RAG answers quoting their sources).
+- free: open-ended openers with nothing to copy from the prompt, where an n-gram drafter finds
+  little and speculation must at least not cost much (a small model's greedy output still
+  repeats itself, and the drafter looks up generated text too).
+
+Sources come from a fixed list of short stdlib functions (15-40 lines, ~150-300 Gemma tokens),
+so a run is deterministic for a given Python version and needs no data files.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import textwrap
+
+WORKLOADS = ("copy", "free")
+
+# (module, qualified name), in the order they are used; ones outside 15-40 lines in this
+# Python's stdlib are skipped, so the choice stays deterministic per Python version.
+_COPY_SOURCES = (
+    ("textwrap", "indent"),
+    ("json.encoder", "py_encode_basestring_ascii"),
+    ("string", "Template.substitute"),
+    ("json.encoder", "JSONEncoder.encode"),
+    ("difflib", "SequenceMatcher.ratio"),
+    ("textwrap", "TextWrapper._split"),
+    ("textwrap", "dedent"),
+    ("difflib", "get_close_matches"),
+)
+_MIN_LINES, _MAX_LINES = 15, 40
+
+_COPY_TEMPLATE = (
+    "Rewrite the following Python function, adding type hints and keeping the body unchanged:\n\n"
+    "```python\n{source}```\n\nRewritten:\n```python\n"
+)
+
+# Openers to continue, not instructions: the embedded Gemma 3 270M is a base model (no chat
+# template) and answers an instruction by repeating it, which would turn them into copy prompts.
+_FREE_PROMPTS = (
+    ("trains", "Trains run on rails rather than roads for several reasons. First,"),
+    ("bicycle", "The history of the bicycle begins in the early nineteenth century, when"),
+    ("lisbon", "My first week in Lisbon was a blur of steep streets, yellow trams and"),
+    ("bees", "Honey bees choose a new home in a surprisingly democratic way. When a colony swarms,"),
+    ("lighthouse", "The old lighthouse keeper climbed the stairs one last time. At the top, he"),
+    ("fibonacci", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+)
+
+
+def stdlib_source(module: str, qualname: str) -> str:
+    """The dedented source of a stdlib function or method."""
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def copy_prompts() -> list[tuple[str, str]]:
+    prompts = []
+    for module, qualname in _COPY_SOURCES:
+        source = stdlib_source(module, qualname)
+        if _MIN_LINES <= len(source.splitlines()) <= _MAX_LINES:
+            prompts.append((f"{module}.{qualname}", _COPY_TEMPLATE.format(source=source)))
+    return prompts
+
+
+def workload(name: str, n: int) -> list[tuple[str, str]]:
+    """The first n (label, prompt) pairs of workload `name` ("copy" or "free")."""
+    if name == "copy":
+        prompts = copy_prompts()
+    elif name == "free":
+        prompts = list(_FREE_PROMPTS)
+    else:
+        raise ValueError(f"unknown workload {name!r}; expected one of {WORKLOADS}")
+    if not 1 <= n <= len(prompts):
+        raise ValueError(f"workload {name!r} has {len(prompts)} prompts, asked for {n}")
+    return prompts[:n]
