@@ -78,6 +78,10 @@ class DraftClient:
         address = await self._replica(session_id)
         sent = self._sessions.get(session_id)
         committed = common_prefix(sent.tokens, tokens) if sent is not None and sent.address == address else 0
+        if sent is None or sent.address != address:
+            # The replica holds the session from the moment it receives the call: end_session must
+            # reach it even when this first call is cancelled before it answers.
+            self._sessions[session_id] = _Sent(address, [])
         try:
             response = await self._propose(address, session_id, tokens, committed, k, sampling)
         except grpc.aio.AioRpcError as e:

@@ -57,6 +57,9 @@ class TargetPool:
         self.actors: dict[str, ActorHandle] = {}
         self.sessions: dict[str, _Placement] = {}
         self.resends = 0  # full-context resends after a miss or an actor failure
+        # A round whose caller was cancelled still runs on its actor, and a first round creates the
+        # session there: end_session waits for it, or the session would outlive the request.
+        self._abandoned: dict[str, ray.ObjectRef] = {}
         self._refreshed = 0.0
         self.refresh()
         if not self.actors:
@@ -79,8 +82,12 @@ class TargetPool:
             request = VerifyRequest(
                 session_id, placement.held, tokens[placement.held :], list(proposal.token_ids), proposal.draft_probs, sampling, carrier
             )
+            ref = self.actors[placement.actor].verify.remote(request)
             try:
-                reply = await self.actors[placement.actor].verify.remote(request)
+                reply = await ref
+            except asyncio.CancelledError:
+                self._abandoned[session_id] = ref
+                raise
             except _ACTOR_ERRORS:
                 self._failed(session_id, placement)
                 await asyncio.sleep(self.config.backoff_s)
@@ -96,6 +103,9 @@ class TargetPool:
         raise TargetUnavailable(f"session {session_id}: no target actor answered after {self.config.attempts} tries")
 
     async def end_session(self, session_id: str) -> None:
+        abandoned = self._abandoned.pop(session_id, None)
+        if abandoned is not None:
+            await asyncio.gather(abandoned, return_exceptions=True)
         placement = self.sessions.pop(session_id, None)
         if placement is not None and placement.actor in self.actors:
             try:

@@ -102,7 +102,8 @@ def test_draft_server_killed_and_restarted_mid_stream(tiny):
 
     tokens, stats, second_stats = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert tokens == expected
-    assert stats.non_speculative_rounds >= 4 and stats.draft_failures >= 1  # rounds run without the draft
+    # Four rounds ran while the server was down; a proposal pipelined before the stop may serve one.
+    assert stats.non_speculative_rounds >= 3 and stats.draft_failures >= 1
     assert second_stats.calls > 0 and stats.accepted_tokens > 0  # speculation resumed on the new server
 
 
