@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from coordinator.engine import EngineConfig
 from coordinator.server import ServerConfig
 
+from specdec import flag_types
+
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
 
 
@@ -32,47 +34,6 @@ class CoordinatorConfig:
     target_model: str | None  # tokenizer spec; None: the model the pool reports
     server: ServerConfig
     engine: EngineConfig
-
-
-def _nonnegative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _on_off(text: str) -> bool:
-    if text not in ("on", "off"):
-        raise argparse.ArgumentTypeError(f"must be 'on' or 'off', got {text!r}")
-    return text == "on"
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
-    return value
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -95,13 +56,13 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("ray-address", "auto", str, "Ray cluster to join ('auto': the one running on this machine)")
     flag("target-model", None, str, "model spec to load the tokenizer from (default: the model the pool reports)")
     flag("host", server.host, str, "address to bind")
-    flag("port", server.port, _port, "port to bind; 0 picks a free one (printed at start)")
-    flag("max-draft-tokens", engine.max_draft_tokens, _positive_int, "largest k a request may ask for")
-    flag("default-draft-tokens", engine.default_draft_tokens, _nonnegative_int, "k for requests that leave it unset")
-    flag("max-inflight", server.max_inflight, _positive_int, "requests generating at once; more get RESOURCE_EXHAUSTED")
-    flag("pipeline", "on" if engine.pipeline else "off", _on_off, "'on': draft round r+1 while round r is verified")
-    flag("draft-timeout", engine.draft_timeout_s, _positive_seconds, "a proposal later than this is dropped (that round runs with k = 0)")
-    flag("grace", server.grace_s, _seconds, "seconds calls in flight get to finish after SIGTERM")
+    flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
+    flag("max-draft-tokens", engine.max_draft_tokens, flag_types.positive_int, "largest k a request may ask for")
+    flag("default-draft-tokens", engine.default_draft_tokens, flag_types.nonnegative_int, "k for requests that leave it unset")
+    flag("max-inflight", server.max_inflight, flag_types.positive_int, "requests generating at once; more get RESOURCE_EXHAUSTED")
+    flag("pipeline", "on" if engine.pipeline else "off", flag_types.on_off, "'on': draft round r+1 while round r is verified")
+    flag("draft-timeout", engine.draft_timeout_s, flag_types.positive_seconds, "a proposal later than this is dropped (that round runs with k = 0)")
+    flag("grace", server.grace_s, flag_types.seconds, "seconds calls in flight get to finish after SIGTERM")
     return p
 
 

@@ -15,28 +15,9 @@ from collections.abc import Mapping
 from draft_service.server import ServerConfig, serve
 from draft_service.service import DraftConfig
 
+from specdec import flag_types
+
 ENV_PREFIX = "SPECDEC_DRAFT_"
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -54,15 +35,15 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     flag("draft-model", server.draft_model, str, "local dir, .gguf file, hub id, or 'ngram' (prompt lookup, no model)")
     flag("host", server.host, str, "address to bind")
-    flag("port", server.port, _port, "port to bind; 0 picks a free one (printed at start)")
-    flag("max-sessions", defaults.max_sessions, _positive_int, "sessions kept per replica (least recently used evicted beyond)")
-    flag("max-cached-tokens", defaults.max_cached_tokens, _positive_int, "token positions kept over all sessions (LRU beyond)")
-    flag("session-ttl", defaults.session_ttl_s, _seconds, "seconds an idle session is kept; 0 keeps it until LRU evicts it")
-    flag("max-batch", defaults.max_batch, _positive_int, "most Propose calls one batched model step serves")
-    flag("max-queue", defaults.max_queue, _positive_int, "calls waiting for the model beyond this get RESOURCE_EXHAUSTED")
-    flag("max-draft-tokens", defaults.max_draft_tokens, _positive_int, "largest k a call may ask for")
-    flag("grace", server.grace_s, _seconds, "seconds in-flight calls get to finish after SIGTERM")
-    flag("drain-delay", server.drain_delay_s, _seconds, "seconds to report NOT_SERVING before refusing calls after SIGTERM")
+    flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
+    flag("max-sessions", defaults.max_sessions, flag_types.positive_int, "sessions kept per replica (least recently used evicted beyond)")
+    flag("max-cached-tokens", defaults.max_cached_tokens, flag_types.positive_int, "token positions kept over all sessions (LRU beyond)")
+    flag("session-ttl", defaults.session_ttl_s, flag_types.seconds, "seconds an idle session is kept; 0 keeps it until LRU evicts it")
+    flag("max-batch", defaults.max_batch, flag_types.positive_int, "most Propose calls one batched model step serves")
+    flag("max-queue", defaults.max_queue, flag_types.positive_int, "calls waiting for the model beyond this get RESOURCE_EXHAUSTED")
+    flag("max-draft-tokens", defaults.max_draft_tokens, flag_types.positive_int, "largest k a call may ask for")
+    flag("grace", server.grace_s, flag_types.seconds, "seconds in-flight calls get to finish after SIGTERM")
+    flag("drain-delay", server.drain_delay_s, flag_types.seconds, "seconds to report NOT_SERVING before refusing calls after SIGTERM")
     return p
 
 
