@@ -23,6 +23,7 @@ from coordinator.server import ServerConfig
 from specdec import flag_types
 
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
+METRICS_PORT = 9464
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class CoordinatorConfig:
     namespace: str
     ray_address: str  # "auto": the Ray cluster of this machine
     target_model: str | None  # tokenizer spec; None: the model the pool reports
+    metrics_port: int  # Prometheus /metrics on --host; 0 picks a free port
     server: ServerConfig
     engine: EngineConfig
 
@@ -57,6 +59,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("target-model", None, str, "model spec to load the tokenizer from (default: the model the pool reports)")
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
+    flag("metrics-port", METRICS_PORT, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one")
     flag("max-draft-tokens", engine.max_draft_tokens, flag_types.positive_int, "largest k a request may ask for")
     flag("default-draft-tokens", engine.default_draft_tokens, flag_types.nonnegative_int, "k for requests that leave it unset")
     flag("max-inflight", server.max_inflight, flag_types.positive_int, "requests generating at once; more get RESOURCE_EXHAUSTED")
@@ -77,6 +80,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         namespace=args.namespace,
         ray_address=args.ray_address,
         target_model=args.target_model,
+        metrics_port=args.metrics_port,
         server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace),
         engine=EngineConfig(
             default_draft_tokens=args.default_draft_tokens,

@@ -47,6 +47,9 @@ def response_to_proto(result: Delta, trace_id: str = "") -> pb.GenerateResponse:
             accepted_per_position=stats.accepted_per_position,
             pipelined_rounds=stats.pipelined_rounds,
             draft_failures=stats.draft_failures,
+            draft_wait_seconds=stats.draft_wait_s,
+            verify_wait_seconds=stats.verify_wait_s,
+            generation_seconds=stats.seconds,
         ),
         trace_id=trace_id,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -86,6 +87,12 @@ class SpeculationStats:
     pipelined_rounds: int = 0  # rounds whose drafts were requested during the previous verification
     draft_failures: int = 0  # proposals lost to a draft tier that erred or was too slow
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds whose draft i was accepted
+    # Where the request's time went, as the engine saw it: waiting for proposals (what pipelining
+    # did not hide), waiting for verification (transport, queueing, the target pass), and in all
+    # from the first round to the last token; the rest is coordination (commit, detokenize, stream).
+    draft_wait_s: float = 0.0
+    verify_wait_s: float = 0.0
+    seconds: float = 0.0
 
     def record(self, proposed: int, accepted: int) -> None:
         self.rounds += 1
@@ -133,14 +140,19 @@ class SpeculativeEngine:
             # Never draft past what may still be emitted: the verifier adds one token itself.
             return min(k_max, request.max_new_tokens - (length - len(prompt)) - 1, self.target.max_context - length - 1)
 
+        started = time.perf_counter()
         try:
             while True:
                 generated = len(tokens) - len(prompt)
                 k = k_for(len(tokens))
+                t0 = time.perf_counter()
                 proposal, guess = await drafts.propose(tokens, k)
+                t1 = time.perf_counter()
                 verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
                 drafts.prefetch(tokens, proposal, guess, k_for(len(tokens) + len(proposal.token_ids) + 1))
                 result = await verifying
+                stats.draft_wait_s += t1 - t0
+                stats.verify_wait_s += time.perf_counter() - t1
                 stats.record(len(proposal.token_ids), result.num_accepted)
                 stats.pipelined_rounds, stats.draft_failures = drafts.pipelined_hits, drafts.failures
                 room = min(request.max_new_tokens - generated, self.target.max_context - len(tokens))
@@ -152,6 +164,7 @@ class SpeculativeEngine:
                     continue
                 if not output.stopped:
                     text += output.finish()
+                stats.seconds = time.perf_counter() - started
                 yield Delta(kept, text, reason, len(prompt), stats)
                 return
         finally:

@@ -99,12 +99,17 @@ class LocalStack:
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         self._started_ray = not ray.is_initialized()
+        cpus = max(os.cpu_count() or 1, c.target_replicas)
         if self._started_ray:
             from target_service.ray_cluster import connect
 
             # One CPU per actor at least: Ray would otherwise leave the extra actors pending.
-            connect(None, c.namespace, num_cpus=max(os.cpu_count() or 1, c.target_replicas))
-        self.actor_names = await asyncio.to_thread(launch, ActorConfig(target_model=c.target_model), c.target_replicas, c.pool_name, c.namespace)
+            connect(None, c.namespace, num_cpus=cpus)
+        else:
+            cpus = int(ray.available_resources().get("CPU", 1))
+        # The machine's cores shared out over the actors: each runs its matmuls on its share.
+        actor = ActorConfig(target_model=c.target_model, cpus=max(1, cpus // c.target_replicas))
+        self.actor_names = await asyncio.to_thread(launch, actor, c.target_replicas, c.pool_name, c.namespace)
         pool = TargetPool(PoolConfig(prefix=c.pool_name, namespace=c.namespace))
         self.draft_address = await asyncio.wait_for(self._draft_ready(), c.draft_start_s)
         self.draft = DraftClient(self.draft_address)

@@ -36,6 +36,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("draft-model", server.draft_model, str, "local dir, .gguf file, hub id, or 'ngram' (prompt lookup, no model)")
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
+    flag("metrics-port", server.metrics_port, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one")
     flag("max-sessions", defaults.max_sessions, flag_types.positive_int, "sessions kept per replica (least recently used evicted beyond)")
     flag("max-cached-tokens", defaults.max_cached_tokens, flag_types.positive_int, "token positions kept over all sessions (LRU beyond)")
     flag("session-ttl", defaults.session_ttl_s, flag_types.seconds, "seconds an idle session is kept; 0 keeps it until LRU evicts it")
@@ -53,6 +54,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Se
         draft_model=args.draft_model,
         host=args.host,
         port=args.port,
+        metrics_port=args.metrics_port,
         grace_s=args.grace,
         drain_delay_s=args.drain_delay,
         draft=DraftConfig(

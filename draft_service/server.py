@@ -49,6 +49,7 @@ class ServerConfig:
     draft_model: str = "ngram"  # local dir, .gguf file, hub id, or "ngram" (no model)
     host: str = "127.0.0.1"
     port: int = 50052  # 0 picks a free port
+    metrics_port: int = 9465  # Prometheus /metrics on `host`; 0 picks a free port
     grace_s: float = 10.0  # after SIGTERM, in-flight calls get this long to finish
     drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing calls, so balancers move first
     draft: DraftConfig = field(default_factory=DraftConfig)

@@ -86,10 +86,14 @@ def _summary(response, seconds: float, tail: str) -> str:
     acceptance = stats.accepted_tokens / stats.draft_tokens if stats.draft_tokens else 0.0
     mean_accepted = (stats.accepted_tokens + stats.rounds) / stats.rounds if stats.rounds else 0.0
     finish = pb.FinishReason.Name(response.finish_reason).removeprefix("FINISH_REASON_").lower()
+    split = ""
+    if stats.generation_seconds > 0:
+        draft, verify = stats.draft_wait_seconds / stats.generation_seconds, stats.verify_wait_seconds / stats.generation_seconds
+        split = f"time: draft {draft:.0%}, verify {verify:.0%}, coordinator {max(0.0, 1 - draft - verify):.0%} | "
     return (
         f"[{n} tokens in {seconds:.2f} s: {n / seconds:.1f} tokens/s | "
         f"{stats.rounds} rounds, acceptance {acceptance:.0%} ({stats.accepted_tokens}/{stats.draft_tokens}), "
-        f"{mean_accepted:.2f} tokens per round | finish: {finish} | {tail}]"
+        f"{mean_accepted:.2f} tokens per round | {split}finish: {finish} | {tail}]"
     )
 
 

@@ -136,16 +136,20 @@ def _gguf_dir(path: Path) -> Path:
 
 
 def _convert_atomically(out: Path, get_gguf: Callable[[Path], Path]) -> None:
-    """Convert a GGUF into `out` via a sibling temporary directory and one rename.
+    build_atomically(out, lambda scratch: _convert_gguf(get_gguf(scratch), scratch / "model"))
 
-    An interrupted conversion leaves only a `.tmp-*` directory behind, never a half-written
-    `out`; two processes converting at once both succeed and the first rename wins.
+
+def build_atomically(out: Path, build: Callable[[Path], None]) -> None:
+    """Build a cached model directory `out`: `build(scratch)` writes `scratch / "model"`, which
+    then becomes `out` in one rename.
+
+    An interrupted build leaves only a `.tmp-*` directory behind, never a half-written `out`;
+    two processes building at once both succeed and the first rename wins.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        gguf = get_gguf(scratch)
-        _convert_gguf(gguf, scratch / "model")
+        build(scratch)
         try:
             os.rename(scratch / "model", out)
         except OSError:

@@ -12,7 +12,9 @@ import argparse
 import signal
 import sys
 import threading
+from dataclasses import replace
 
+from specdec import flag_types
 from target_service.actor import ActorConfig
 from target_service.pool import NAMESPACE, PREFIX, actor_names, launch
 
@@ -30,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
     p.add_argument("--max-cached-tokens", type=int, default=defaults.max_cached_tokens)
     p.add_argument("--session-ttl", type=float, default=defaults.session_ttl_s, help="seconds an idle session is kept")
+    p.add_argument("--metrics-host", default=defaults.metrics_host, help="address each actor serves Prometheus metrics on (0.0.0.0 in a cluster)")
+    p.add_argument("--metrics-port", type=flag_types.port, default=defaults.metrics_port, help="each actor's metrics port: the first free one from here on; 0 picks any")
+    p.add_argument("--cpus-per-actor", type=int, default=None, help="on CPU nodes: CPUs (and torch threads) per actor (default: a local Ray's CPUs shared out, 1 on a cluster)")
     p.add_argument("--full-precision", action="store_true", help="fp32 on GPUs too (CPU is always fp32)")
     return p
 
@@ -49,8 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         max_cached_tokens=args.max_cached_tokens,
         session_ttl_s=args.session_ttl,
         half_precision=not args.full_precision,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
     )
     connect(args.address, args.namespace, num_cpus=args.num_cpus)
+    cpus = args.cpus_per_actor
+    if cpus is None:
+        import ray
+
+        cpus = 1 if args.address else max(1, int(ray.cluster_resources().get("CPU", 1)) // args.replicas)
+    if cpus < 1:
+        print("specdec target: --cpus-per-actor must be >= 1", file=sys.stderr)
+        return 2
+    config = replace(config, cpus=cpus)
     names = launch(config, args.replicas, prefix=args.name, namespace=args.namespace)
     print(f"target pool {args.name} in namespace {args.namespace}: {', '.join(names)}", flush=True)
     if args.address:

@@ -32,6 +32,9 @@ class ActorConfig:
     max_cached_tokens: int = 262_144  # summed cached positions per actor (LRU beyond)
     session_ttl_s: float = 600.0  # idle sessions expire (a coordinator that died never ends them)
     half_precision: bool = True  # bf16 weights when on a GPU; fp32 on CPU always
+    metrics_host: str = "127.0.0.1"  # Prometheus /metrics of the actor
+    metrics_port: int = 9466  # the first free port from here on (actors sharing a node count up); 0 picks any
+    cpus: int = 1  # on a CPU node: the CPUs Ray reserves for the actor and the torch threads it runs
     trace_in_memory: bool = False  # keep finished spans for `finished_spans` (tests)
 
 
@@ -40,6 +43,10 @@ class TargetActor:
         self.config = config
         self._spans = configure_tracing("specdec-target", memory=config.trace_in_memory)
         cuda = torch.cuda.is_available()
+        if not cuda:
+            # Ray sets OMP_NUM_THREADS to the actor's CPU reservation (1 unless told): without
+            # this a CPU target would run its matmuls on one core of however many it holds.
+            torch.set_num_threads(config.cpus)
         dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
         self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
         store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=_cached_tokens)
@@ -159,6 +166,7 @@ def _proposal(request: VerifyRequest) -> DraftProposal:
     return DraftProposal(list(request.draft_ids), request.draft_probs)
 
 
-def remote_actor_class(num_gpus: int, max_restarts: int = -1):
-    """The actor class for Ray: a GPU each when there are GPUs; Ray revives it when it dies."""
-    return ray.remote(num_gpus=num_gpus, num_cpus=0 if num_gpus else 1, max_restarts=max_restarts, max_concurrency=1000)(TargetActor)
+def remote_actor_class(num_gpus: int, num_cpus: int = 1, max_restarts: int = -1):
+    """The actor class for Ray: a GPU each when there are GPUs, else `num_cpus` CPUs; Ray revives
+    it when it dies."""
+    return ray.remote(num_gpus=num_gpus, num_cpus=0 if num_gpus else num_cpus, max_restarts=max_restarts, max_concurrency=1000)(TargetActor)

@@ -151,7 +151,7 @@ def launch(config: ActorConfig, replicas: int, prefix: str = PREFIX, namespace: 
     import torch
 
     gpus = 1 if torch.cuda.is_available() else 0
-    cls = remote_actor_class(num_gpus=gpus)
+    cls = remote_actor_class(num_gpus=gpus, num_cpus=config.cpus)
     options = {"namespace": namespace, "get_if_exists": True, "lifetime": "detached"}
     handles = [cls.options(name=f"{prefix}-{i}", **options).remote(config) for i in range(replicas)]
     ray.get([h.info.remote() for h in handles])  # raises here if a model fails to load

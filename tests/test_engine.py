@@ -167,3 +167,23 @@ def test_bad_requests_name_the_field(tiny, fields, field):
     with pytest.raises(InvalidArgument) as info:
         _generate(engine, **fields)
     assert info.value.field == field
+
+
+def test_stats_split_the_time_between_draft_verify_and_coordinator(tiny):
+    """The waits are measured where the engine waits: a draft that takes 20 ms shows up as at
+    least 20 ms of draft wait per speculative round, and the parts never exceed the whole."""
+    target = tiny("llama", TARGET_SEED)
+
+    class SlowNgram(LocalNgramProposer):
+        async def propose(self, *args):
+            await asyncio.sleep(0.02)
+            return await super().propose(*args)
+
+    config = EngineConfig(max_draft_tokens=8, pipeline=False)
+    engine = SpeculativeEngine(SlowNgram(), LocalVerifier(TargetVerifier(target)), target, config)
+    stats = _generate(engine, prompt_token_ids=PROMPT, max_new_tokens=NEW_TOKENS).stats
+    speculative_rounds = stats.rounds - stats.non_speculative_rounds
+    assert speculative_rounds > 0
+    assert stats.draft_wait_s >= 0.02 * speculative_rounds
+    assert stats.verify_wait_s > 0
+    assert stats.draft_wait_s + stats.verify_wait_s <= stats.seconds

@@ -113,6 +113,7 @@ def test_field_names_are_the_contract() -> None:
     assert fields(generation_pb2.SpeculationStats) == {
         "rounds": 1, "draft_tokens": 2, "accepted_tokens": 3, "non_speculative_rounds": 4,
         "accepted_per_position": 5, "pipelined_rounds": 6, "draft_failures": 7,
+        "draft_wait_seconds": 8, "verify_wait_seconds": 9, "generation_seconds": 10,
     }
     assert fields(draft_pb2.ProposeRequest) == {
         "session_id": 1, "committed_len": 2, "new_tokens": 3, "num_draft_tokens": 4, "sampling": 5,

@@ -68,7 +68,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "non_speculative_rounds", "accepted_per_position", "pipelined_rounds", "draft_failures")
+    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "non_speculative_rounds", "accepted_per_position", "pipelined_rounds", "draft_failures", "draft_wait_seconds", "verify_wait_seconds", "generation_seconds")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,9 @@ class SpeculationStats(_message.Message):
     ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
     PIPELINED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     draft_tokens: int
     accepted_tokens: int
@@ -83,7 +86,10 @@ class SpeculationStats(_message.Message):
     accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
     pipelined_rounds: int
     draft_failures: int
-    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., non_speculative_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., pipelined_rounds: _Optional[int] = ..., draft_failures: _Optional[int] = ...) -> None: ...
+    draft_wait_seconds: float
+    verify_wait_seconds: float
+    generation_seconds: float
+    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., non_speculative_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., pipelined_rounds: _Optional[int] = ..., draft_failures: _Optional[int] = ..., draft_wait_seconds: _Optional[float] = ..., verify_wait_seconds: _Optional[float] = ..., generation_seconds: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "speculation", "trace_id")
