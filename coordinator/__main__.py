@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -96,6 +97,7 @@ async def serve(config: CoordinatorConfig) -> None:
     from coordinator.clients import DraftClient
     from coordinator.server import GenerationServer
     from coordinator.stack import connect_engine
+    from specdec.metrics import MetricsServer
     from target_service.pool import PoolConfig, TargetPool
 
     pool = TargetPool(PoolConfig(prefix=config.target_pool, namespace=config.namespace))
@@ -104,6 +106,7 @@ async def serve(config: CoordinatorConfig) -> None:
         engine = await connect_engine(draft, pool, config.target_model, config.engine)
         server = GenerationServer(engine, config.server)
         port = await server.start()
+        metrics = MetricsServer(config.server.host, config.metrics_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -113,10 +116,12 @@ async def serve(config: CoordinatorConfig) -> None:
             f"target pool {config.target_pool} ({len(pool.actors)} actor{'s' if len(pool.actors) != 1 else ''}, {engine.target.name})",
             flush=True,
         )
+        print(f"coordinator metrics on {metrics.address}", flush=True)
         try:
             await stop.wait()
         finally:
             await server.stop()
+            metrics.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     from target_service.ray_cluster import connect
 
     configure_tracing("specdec-coordinator")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     connect(config.ray_address, config.namespace)
     try:
         asyncio.run(serve(config))

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
 
 from specdec.acceptance import DraftProposal
 from specdec.kv_cache import common_prefix
@@ -31,6 +32,7 @@ from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SESSION_MISS = "session miss"  # the server's FAILED_PRECONDITION prefix (draft_service/server.py)
+_DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,9 @@ class DraftClient:
             ("grpc.min_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[0] * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[1] * 1000)),
         )
-        channel = grpc.aio.insecure_channel(address, options=options)
+        # The OpenTelemetry interceptor opens a client span per call and sends its context in the
+        # metadata, so the draft server's span joins the round's trace.
+        channel = grpc.aio.insecure_channel(address, options=options, interceptors=aio_client_interceptors(filter_=filters.service_name(_DRAFT_SERVICE)))
         self._channels[address] = (channel, draft_pb2_grpc.DraftServiceStub(channel))
 
 

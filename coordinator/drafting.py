@@ -18,11 +18,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from specdec.acceptance import DraftProposal
 from specdec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+class Drafts(NamedTuple):
+    proposal: DraftProposal
+    guess: int | None  # the drafter's guess of the token after the drafts (pipelining), or None
+    fallback: bool = False  # no drafts because the draft tier failed, was too slow, or is being retried
 
 
 class DraftSide:
@@ -38,11 +45,11 @@ class DraftSide:
         self._retry_at = 0.0
         self._next: tuple[tuple[int, ...], int, asyncio.Task] | None = None  # (context, k, task)
 
-    async def propose(self, tokens: Sequence[int], k: int) -> tuple[DraftProposal, int | None]:
+    async def propose(self, tokens: Sequence[int], k: int) -> Drafts:
         """This round's k drafts and, when pipelining, the drafter's guess of the token after them."""
         if k <= 0:
             await self.cancel_pipelined()
-            return DraftProposal([]), None
+            return Drafts(DraftProposal([]), None)
         ready = self._next
         self._next = None
         if ready is not None and ready[0] == tuple(tokens) and ready[1] == k:
@@ -64,9 +71,9 @@ class DraftSide:
             task, self._next = self._next[2], None
             await _cancel(task)
 
-    async def _call(self, tokens: list[int], k: int) -> tuple[DraftProposal, int | None]:
+    async def _call(self, tokens: list[int], k: int) -> Drafts:
         if time.monotonic() < self._retry_at:
-            return DraftProposal([]), None
+            return Drafts(DraftProposal([]), None, fallback=True)
         wanted = k + 1 if self.pipeline else k
         try:
             proposal = await asyncio.wait_for(self.proposer.propose(self.session_id, tokens, wanted, self.sampling), self.timeout_s)
@@ -74,11 +81,11 @@ class DraftSide:
             self.failures += 1
             self._retry_at = time.monotonic() + self.retry_s
             log.warning("draft tier unavailable (%s: %s); k = 0 for %.1f s", type(error).__name__, error, self.retry_s)
-            return DraftProposal([]), None
+            return Drafts(DraftProposal([]), None, fallback=True)
         ids = list(proposal.token_ids)
         guess = ids[k] if self.pipeline and len(ids) > k else None
         q = proposal.draft_probs[:k] if proposal.draft_probs is not None else None
-        return DraftProposal(ids[:k], q), guess
+        return Drafts(DraftProposal(ids[:k], q), guess)
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -18,8 +18,10 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
+from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
+from coordinator import observe
 from coordinator.drafting import DraftSide
 from coordinator.text import OutputText
 from specdec.acceptance import DraftProposal, Verification
@@ -120,7 +122,8 @@ class Delta:
 
 
 class SpeculativeEngine:
-    def __init__(self, proposer: Proposer, verifier: Verifier, target: TargetInfo, config: EngineConfig = EngineConfig()):
+    def __init__(self, proposer: Proposer, verifier: Verifier, target: TargetInfo, config: EngineConfig = EngineConfig(), tracer: trace.Tracer | None = None):
+        self.tracer = tracer or trace.get_tracer("specdec.coordinator")  # round spans
         self.proposer = proposer
         self.verifier = verifier
         self.target = target
@@ -141,23 +144,33 @@ class SpeculativeEngine:
             return min(k_max, request.max_new_tokens - (length - len(prompt)) - 1, self.target.max_context - length - 1)
 
         started = time.perf_counter()
+        first_token_s = None
         try:
             while True:
                 generated = len(tokens) - len(prompt)
                 k = k_for(len(tokens))
-                t0 = time.perf_counter()
-                proposal, guess = await drafts.propose(tokens, k)
-                t1 = time.perf_counter()
-                verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
-                drafts.prefetch(tokens, proposal, guess, k_for(len(tokens) + len(proposal.token_ids) + 1))
-                result = await verifying
+                hits = drafts.pipelined_hits
+                with observe.round_span(self.tracer, stats.rounds, k) as span:
+                    t0 = time.perf_counter()
+                    proposal, guess, fallback = await drafts.propose(tokens, k)
+                    t1 = time.perf_counter()
+                    verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
+                    drafts.prefetch(tokens, proposal, guess, k_for(len(tokens) + len(proposal.token_ids) + 1))
+                    result = await verifying
+                    t2 = time.perf_counter()
+                    room = min(request.max_new_tokens - generated, self.target.max_context - len(tokens))
+                    kept, text = output.add(result.accepted_ids[:room])
+                    observe.end_round(
+                        span, proposed=len(proposal.token_ids), accepted=result.num_accepted, committed=len(kept),
+                        fallback=fallback, pipelined=drafts.pipelined_hits > hits, draft_s=t1 - t0, verify_s=t2 - t1,
+                    )  # fmt: skip
                 stats.draft_wait_s += t1 - t0
-                stats.verify_wait_s += time.perf_counter() - t1
+                stats.verify_wait_s += t2 - t1
                 stats.record(len(proposal.token_ids), result.num_accepted)
                 stats.pipelined_rounds, stats.draft_failures = drafts.pipelined_hits, drafts.failures
-                room = min(request.max_new_tokens - generated, self.target.max_context - len(tokens))
-                kept, text = output.add(result.accepted_ids[:room])
                 tokens.extend(kept)
+                if first_token_s is None and kept:
+                    first_token_s = time.perf_counter() - started
                 reason = self._finish_reason(output, len(tokens) - len(prompt), len(tokens), request)
                 if reason is None:
                     yield Delta(kept, text)
@@ -165,6 +178,7 @@ class SpeculativeEngine:
                 if not output.stopped:
                     text += output.finish()
                 stats.seconds = time.perf_counter() - started
+                observe.end_request(first_token_s, stats.seconds, len(tokens) - len(prompt))
                 yield Delta(kept, text, reason, len(prompt), stats)
                 return
         finally:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,7 +29,8 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from coordinator.convert import request_from_proto, response_to_proto
-from coordinator.engine import Delta, SpeculativeEngine
+from coordinator import metrics
+from coordinator.engine import Delta, SpeculationStats, SpeculativeEngine
 from specdec.errors import InvalidArgument
 from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
@@ -67,8 +71,62 @@ class ServingStats:
     accepted_tokens: int = 0
 
 
+def capture_content() -> bool:
+    """Prompts and completions go into the server span only when the operator sets OpenTelemetry's
+    GenAI switch, OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true; never into logs."""
+    return os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").lower() == "true"
+
+
+@dataclass
+class _Call:
+    """One call as the logs, span and metrics report it: counts and timings, never text."""
+
+    started: float
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    trace_id: str = ""
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    stats: SpeculationStats | None = None
+    capture: bool = False  # the operator asked for prompts and completions in the span
+    prompt: str = ""
+    completion: list[str] = field(default_factory=list)
+
+    def add(self, delta: Delta) -> None:
+        self.completion_tokens += len(delta.token_ids)
+        if self.capture:
+            self.completion.append(delta.text)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason.value
+            self.prompt_tokens = delta.prompt_tokens
+            self.stats = delta.stats
+            metrics.PROMPT_TOKENS.inc(delta.prompt_tokens)
+
+    def span_attributes(self) -> dict:
+        attributes = {"gen_ai.usage.output_tokens": self.completion_tokens, "rpc.grpc.status_code": self.code.value[0]}
+        if self.finish_reason:
+            attributes["gen_ai.usage.input_tokens"] = self.prompt_tokens
+            attributes["gen_ai.response.finish_reasons"] = [self.finish_reason]
+        if self.capture:
+            attributes.update({"gen_ai.prompt": self.prompt, "gen_ai.completion": "".join(self.completion)})
+        if self.stats is not None:
+            attributes.update({"specdec.rounds": self.stats.rounds, "specdec.draft_tokens": self.stats.draft_tokens, "specdec.accepted_tokens": self.stats.accepted_tokens})
+        return attributes
+
+    def log_line(self, method: str) -> str:
+        s = self.stats
+        acceptance = f"{s.acceptance_rate:.3f}" if s is not None and s.draft_tokens else "-"
+        return (
+            f"request id={self.id} trace_id={self.trace_id or '-'} method={method} code={self.code.name} "
+            f"finish={self.finish_reason or '-'} prompt_tokens={self.prompt_tokens} completion_tokens={self.completion_tokens} "
+            f"rounds={s.rounds if s else 0} acceptance={acceptance} duration_s={time.perf_counter() - self.started:.3f}"
+        )
+
+
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
     def __init__(self, engine: SpeculativeEngine, max_inflight: int, tracer: trace.Tracer | None = None):
+        self.model_name = getattr(getattr(engine, "target", None), "name", "")  # LoadedModel and RemoteTarget name it
         self.engine = engine
         self.max_inflight = max_inflight
         self.tracer = tracer or trace.get_tracer("specdec.coordinator")
@@ -111,38 +169,66 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
         """Feed the engine's deltas for one call to `on_delta`, under admission, a server span and
         the call's deadline; every failure leaves as a status."""
         if self.stats.in_flight >= self.max_inflight:
+            metrics.REQUESTS.labels("", grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.stats.in_flight} requests in flight (max_inflight {self.max_inflight}); retry later")
         self.stats.in_flight += 1
-        ok = False
-        attributes = {"rpc.system": "grpc", "rpc.service": SERVICE_NAME, "rpc.method": method}
+        metrics.REQUESTS_RUNNING.inc()
+        call = _Call(started=time.perf_counter(), capture=capture_content())
+        if call.capture:
+            call.prompt = request.prompt or " ".join(map(str, request.prompt_token_ids))
+        attributes = {
+            "rpc.system": "grpc",
+            "rpc.service": SERVICE_NAME,
+            "rpc.method": method,
+            "gen_ai.operation.name": "text_completion",
+            "gen_ai.request.model": self.model_name,
+            "gen_ai.request.max_tokens": request.max_new_tokens,
+            "gen_ai.request.temperature": request.sampling.temperature,
+        }
         try:
             with self.tracer.start_as_current_span(f"{SERVICE_NAME}/{method}", kind=trace.SpanKind.SERVER, attributes=attributes) as span:
-                trace_id = _trace_id(span)
+                call.trace_id = _trace_id(span)
                 try:
-                    await _bounded(asyncio.create_task(self._consume(request, on_delta, trace_id)), context.time_remaining())
+                    await _bounded(asyncio.create_task(self._consume(request, on_delta, call)), context.time_remaining())
+                    call.code = grpc.StatusCode.OK
                 except _CallEnded:
+                    call.code = grpc.StatusCode.CANCELLED
                     return  # the client cancelled or left while we wrote; grpc cancels this task next
                 except InvalidArgument as e:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                    call.code = grpc.StatusCode.INVALID_ARGUMENT
+                    await context.abort(call.code, str(e))
                 except TimeoutError:
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the deadline passed during generation")
+                    call.code = grpc.StatusCode.DEADLINE_EXCEEDED
+                    await context.abort(call.code, "the deadline passed during generation")
                 except TargetUnavailable as e:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"target tier: {e}")
+                    call.code = grpc.StatusCode.UNAVAILABLE
+                    await context.abort(call.code, f"target tier: {e}")
+                except asyncio.CancelledError:
+                    call.code = grpc.StatusCode.CANCELLED
+                    raise
                 except Exception as e:  # noqa: BLE001 - any other failure is the server's, not the caller's
                     log.exception("%s failed", method)
-                    await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-            ok = True
+                    call.code = grpc.StatusCode.INTERNAL
+                    await context.abort(call.code, f"{type(e).__name__}: {e}")
+                finally:
+                    span.set_attributes(call.span_attributes())
+                    if call.code is not grpc.StatusCode.OK:
+                        span.set_status(trace.Status(trace.StatusCode.ERROR, call.code.name))
         finally:
             self.stats.in_flight -= 1
             self.stats.requests += 1
-            self.stats.failed += not ok
+            self.stats.failed += call.code is not grpc.StatusCode.OK
+            metrics.REQUESTS_RUNNING.dec()
+            metrics.REQUESTS.labels(call.finish_reason, call.code.name).inc()
+            log.info("%s", call.log_line(method))
 
-    async def _consume(self, request, on_delta: Callable[[Delta, str], Awaitable[None]], trace_id: str) -> None:
+    async def _consume(self, request, on_delta: Callable[[Delta, str], Awaitable[None]], call: _Call) -> None:
         # aclosing: however the loop ends, the engine's `finally` (ending the sessions) runs now.
         async with aclosing(self.engine.stream(request_from_proto(request))) as deltas:
             async for delta in deltas:
                 self._count(delta)
-                await on_delta(delta, trace_id)
+                call.add(delta)
+                await on_delta(delta, call.trace_id)
 
     def _count(self, delta: Delta) -> None:
         self.stats.completion_tokens += len(delta.token_ids)

@@ -24,7 +24,9 @@ from transformers import PreTrainedTokenizerBase
 from coordinator.clients import DraftClient
 from coordinator.engine import EngineConfig, SpeculativeEngine
 from coordinator.server import GenerationServer, ServerConfig
+from specdec.metrics import MetricsServer
 from specdec.models import EMBEDDED_NAME, load_tokenizer
+from specdec.telemetry import TRACE_FILE_ENV
 from target_service.actor import ActorConfig
 from target_service.pool import NAMESPACE, PREFIX, PoolConfig, TargetPool, launch
 
@@ -40,7 +42,9 @@ class RemoteTarget:
     name: str  # the model as the pool names it
 
 
-async def connect_engine(draft: DraftClient, pool: TargetPool, target_model: str | None = None, config: EngineConfig = EngineConfig()) -> SpeculativeEngine:
+async def connect_engine(
+    draft: DraftClient, pool: TargetPool, target_model: str | None = None, config: EngineConfig = EngineConfig(), tracer: trace.Tracer | None = None
+) -> SpeculativeEngine:
     """The engine over both tiers. The tokenizer is loaded from `target_model`, or by default
     from the model the pool reports (the same spec names the same files on every machine of a
     deployment built from one image)."""
@@ -49,7 +53,7 @@ async def connect_engine(draft: DraftClient, pool: TargetPool, target_model: str
         target_model = info["model"]
     tokenizer = await asyncio.to_thread(load_tokenizer, target_model)
     target = RemoteTarget(tokenizer, frozenset(info["eos_token_ids"]), info["vocab_size"], info["max_context"], info["model"])
-    return SpeculativeEngine(draft, pool, target, config)
+    return SpeculativeEngine(draft, pool, target, config, tracer)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class StackConfig:
     target_replicas: int = 1  # target actors on the local Ray
     pool_name: str = PREFIX  # actors are <pool_name>-0 .. -(n-1)
     namespace: str = NAMESPACE
+    trace_file: str | None = None  # every part appends its finished spans here (JSON lines)
+    metrics_port: int = 9464  # the coordinator's Prometheus port (on server.host); 0 picks a free one
     draft_start_s: float = 600.0  # the draft server must answer SERVING within this (a model loads first)
     server: ServerConfig = field(default_factory=ServerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -77,6 +83,9 @@ class LocalStack:
         self.draft: DraftClient | None = None
         self.server: GenerationServer | None = None
         self.address = ""  # the coordinator's host:port
+        self.metrics: MetricsServer | None = None  # the coordinator's
+        self.draft_metrics_address = ""
+        self.target_metrics_addresses: list[str] = []
         self.target_name = ""
         self._started_ray = False
 
@@ -95,8 +104,8 @@ class LocalStack:
         c = self.config
         # The draft server starts in its own process while Ray and the target actors start here.
         self.draft_process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "draft_service", "--draft-model", c.draft_model, "--host", "127.0.0.1", "--port", "0",
-            stdout=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "draft_service", "--draft-model", c.draft_model, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+            stdout=asyncio.subprocess.PIPE, env={**os.environ, **({TRACE_FILE_ENV: c.trace_file} if c.trace_file else {})},
         )  # fmt: skip
         self._started_ray = not ray.is_initialized()
         cpus = max(os.cpu_count() or 1, c.target_replicas)
@@ -108,13 +117,16 @@ class LocalStack:
         else:
             cpus = int(ray.available_resources().get("CPU", 1))
         # The machine's cores shared out over the actors: each runs its matmuls on its share.
-        actor = ActorConfig(target_model=c.target_model, cpus=max(1, cpus // c.target_replicas))
+        actor = ActorConfig(target_model=c.target_model, cpus=max(1, cpus // c.target_replicas), metrics_port=0, trace_file=c.trace_file)
         self.actor_names = await asyncio.to_thread(launch, actor, c.target_replicas, c.pool_name, c.namespace)
         pool = TargetPool(PoolConfig(prefix=c.pool_name, namespace=c.namespace))
         self.draft_address = await asyncio.wait_for(self._draft_ready(), c.draft_start_s)
         self.draft = DraftClient(self.draft_address)
-        engine = await connect_engine(self.draft, pool, c.target_model, c.engine)
+        engine = await connect_engine(self.draft, pool, c.target_model, c.engine, self.tracer)
         self.target_name = engine.target.name
+        infos = await asyncio.gather(*(ray.get_actor(name, namespace=c.namespace).info.remote() for name in self.actor_names))
+        self.target_metrics_addresses = [info["metrics_address"] for info in infos]
+        self.metrics = MetricsServer(c.server.host, c.metrics_port)
         self.server = GenerationServer(engine, c.server, self.tracer)
         port = await self.server.start()
         self.address = f"{c.server.host}:{port}"
@@ -125,6 +137,9 @@ class LocalStack:
         if self.server is not None:
             await self.server.stop()
             self.server = None
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self.draft is not None:
             await self.draft.close()
             self.draft = None
@@ -148,6 +163,7 @@ class LocalStack:
             code = await self.draft_process.wait()
             raise RuntimeError(f"the draft server exited with code {code} before listening")
         address = line.rsplit(" ", 1)[-1].strip()
+        self.draft_metrics_address = (await self.draft_process.stdout.readline()).decode().rsplit(" ", 1)[-1].strip()
         async with grpc.aio.insecure_channel(address) as channel:
             # Watch streams the status on every change: no polling while the model loads.
             async for reply in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="")):

@@ -70,9 +70,14 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Se
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(sys.argv[1:] if argv is None else argv)
+    from specdec.telemetry import configure_tracing
 
-    def listening(port: int) -> None:
+    configure_tracing("specdec-draft")
+
+    def listening(port: int, metrics_port: int) -> None:
+        # Two lines, address last on each: `specdec up` reads them.
         print(f"draft service ({config.draft_model}) listening on {config.host}:{port}", flush=True)
+        print(f"draft service metrics on {config.host}:{metrics_port}", flush=True)
 
     asyncio.run(serve(config, listening))
     return 0

@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from draft_service import metrics
 from draft_service.service import DeadlineExpired, DraftConfig, DraftCore, Overloaded, ProposeCall, ProposeResult, SessionMiss
 from specdec.errors import InvalidArgument
+from specdec.metrics import MetricsServer
 from specdec.packing import pack_probs
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -61,20 +65,38 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.draining = False
 
     async def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext) -> draft_pb2.ProposeResponse:
-        core = await self._ready(context)
-        timeout = context.time_remaining()
+        started = time.perf_counter()
+        code = grpc.StatusCode.UNKNOWN  # until the call ends one way or another
         try:
-            call = _call_from_proto(request, timeout)
-            result = await core.propose(call)
-        except InvalidArgument as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except SessionMiss as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{SESSION_MISS}: {e}")
-        except Overloaded as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except DeadlineExpired as e:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
-        return await _response_to_proto(result, request.probs_encoding)
+            core = self.core
+            if self.draining or core is None:
+                code = grpc.StatusCode.UNAVAILABLE
+                await context.abort(code, "draft replica is draining" if self.draining else "draft model is loading")
+            timeout = context.time_remaining()
+            try:
+                call = _call_from_proto(request, timeout)
+                result = await core.propose(call)
+            except InvalidArgument as e:
+                code = grpc.StatusCode.INVALID_ARGUMENT
+                await context.abort(code, str(e))
+            except SessionMiss as e:
+                code = grpc.StatusCode.FAILED_PRECONDITION
+                await context.abort(code, f"{SESSION_MISS}: {e}")
+            except Overloaded as e:
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED
+                await context.abort(code, str(e))
+            except DeadlineExpired as e:
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                await context.abort(code, str(e))
+            response = await _response_to_proto(result, request.probs_encoding)
+            code = grpc.StatusCode.OK
+            metrics.PROPOSE_LATENCY.observe(time.perf_counter() - started)
+            return response
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            metrics.PROPOSE_CALLS.labels(code.name).inc()
 
     async def EndSession(self, request: draft_pb2.EndSessionRequest, context: grpc.aio.ServicerContext) -> draft_pb2.EndSessionResponse:
         if self.core is not None:
@@ -84,12 +106,6 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return draft_pb2.EndSessionResponse()
 
-    async def _ready(self, context: grpc.aio.ServicerContext) -> DraftCore:
-        if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "draft replica is draining")
-        if self.core is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "draft model is loading")
-        return self.core
 
 
 def _call_from_proto(request: draft_pb2.ProposeRequest, timeout_s: float | None) -> ProposeCall:
@@ -128,7 +144,11 @@ class DraftServer:
     def __init__(self, core: DraftCore | None = None):
         self.servicer = DraftServicer()
         self.health = health_aio.HealthServicer()
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        # A server span per DraftService call, joined to the caller's trace through the gRPC
+        # metadata. Only DraftService: the interceptor takes every streaming handler for an async
+        # generator, and Health.Watch is not one (it broke Watch, measured).
+        interceptor = aio_server_interceptor(filter_=filters.service_name(SERVICE_NAME))
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[interceptor])
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self.server)
@@ -154,10 +174,15 @@ class DraftServer:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
+    async def announce_drain(self) -> None:
+        """Health says NOT_SERVING for good while calls are still served: balancers and clients
+        move away before anything is refused."""
+        await self.health.enter_graceful_shutdown()
+
     async def begin_drain(self) -> None:
         """NOT_SERVING for good; new Propose calls get UNAVAILABLE, calls in flight go on."""
         self.servicer.draining = True
-        await self.health.enter_graceful_shutdown()
+        await self.announce_drain()
 
     async def stop(self, grace_s: float | None) -> None:
         """Refuse new connections, give calls in flight `grace_s` to finish, then close."""
@@ -176,11 +201,12 @@ def load_core(config: ServerConfig) -> DraftCore:
     return DraftCore(load_model(config.draft_model), config.draft)
 
 
-async def serve(config: ServerConfig, on_listening: Callable[[int], None] = lambda port: None) -> None:
+async def serve(config: ServerConfig, on_listening: Callable[[int, int], None] = lambda port, metrics_port: None) -> None:
     """Serve until SIGTERM or SIGINT, then drain: NOT_SERVING, `drain_delay_s`, finish in-flight calls."""
+    metrics_server = MetricsServer(config.host, config.metrics_port)
     server = DraftServer()
     port = await server.start(config.host, config.port)
-    on_listening(port)
+    on_listening(port, metrics_server.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -192,8 +218,11 @@ async def serve(config: ServerConfig, on_listening: Callable[[int], None] = lamb
         if not stopping.done():
             await server.set_core(loading.result())  # a model that fails to load ends the process
             await stopping
-        await server.begin_drain()
         if config.drain_delay_s > 0:
-            await asyncio.sleep(config.drain_delay_s)  # let load balancers see NOT_SERVING first
+            # Still answering: sessions here keep their drafts while balancers see NOT_SERVING.
+            await server.announce_drain()
+            await asyncio.sleep(config.drain_delay_s)
+        await server.begin_drain()
     finally:
         await server.stop(config.grace_s)
+        metrics_server.close()

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from draft_service import metrics
 from draft_service.ngram import NgramDrafter
 from specdec.acceptance import DraftProposal
 from specdec.errors import InvalidArgument
@@ -151,6 +152,8 @@ class DraftCore:
             k = min(call.k, self.max_context - len(context))
             proposal = DraftProposal([]) if k <= 0 else await self._draft(self._item(call.session_id, context, k, sampling), deadline)
         self.stats.calls += 1
+        metrics.DRAFT_TOKENS.inc(len(proposal.token_ids))
+        self._gauges()
         session = self.store.get(call.session_id)
         return ProposeResult(proposal, len(session.tokens) if session is not None else 0)
 
@@ -179,6 +182,12 @@ class DraftCore:
         if not session_id:
             raise InvalidArgument("session_id", "is empty")
         self.store.pop(session_id, None)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        metrics.SESSIONS.set(len(self.store))
+        metrics.CACHE_TOKENS.set(self.store.total_tokens)
+        metrics.QUEUE_DEPTH.set(len(self._queue))
 
     async def close(self) -> None:
         if self._worker is not None:
@@ -215,6 +224,7 @@ class DraftCore:
             self._worker = asyncio.get_running_loop().create_task(self._work())
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(item, deadline, future))
+        metrics.QUEUE_DEPTH.set(len(self._queue))
         self._wakeup.set()
         return await future  # a cancelled caller cancels the future; the worker then skips it
 
@@ -257,6 +267,7 @@ class DraftCore:
                     pending.future.set_exception(error)
             return
         self.stats.batches += 1
+        metrics.BATCH_SIZE.observe(len(batch))
         self.stats.batched_calls += len(batch)
         self.stats.max_batch_size = max(self.stats.max_batch_size, len(batch))
         for pending, proposal in zip(batch, proposals):

@@ -4,6 +4,7 @@
   specdec up                               serve the local stack (draft, target pool, coordinator) until Ctrl-C
   specdec generate "prompt"                one request to a running coordinator (--address, --stream)
   specdec generate --in-process "prompt"   one request through the single-process engine
+  specdec trace ID | --last                one request's rounds from the trace file `specdec up` writes
   specdec coordinator ...                  the coordinator alone (flags: python -m coordinator --help)
   specdec draft ...                        the draft tier (flags: python -m draft_service --help)
   specdec target ...                       the target actor pool (python -m target_service --help)
@@ -18,6 +19,8 @@ import argparse
 import asyncio
 import sys
 import time
+
+from specdec import flag_types
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 # Prompt lookup drafts well when the output repeats the prompt, as code does: the embedded model
@@ -55,6 +58,9 @@ def _stack_parser(sub, name: str, help_text: str, port: int) -> argparse.Argumen
     p.add_argument("--target-replicas", type=int, default=1, help="target actors on the local Ray (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="the coordinator's address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=port, help=f"the coordinator's port; 0 picks a free one (default {port})")
+    metrics_port = 9464 if port else 0
+    p.add_argument("--metrics-port", type=flag_types.port, default=metrics_port, help=f"the coordinator's Prometheus port on --host; 0 picks a free one (default {metrics_port}); the draft server and target actors take free ones, printed at start")
+    p.add_argument("--trace-file", default=None, help="every part appends its finished spans here, for `specdec trace` (default ~/.cache/specdec/traces.jsonl; '' for none)")
     p.add_argument("--max-draft-tokens", type=int, default=16, help="largest k a request may ask for")
     p.add_argument("--default-draft-tokens", type=int, default=4, help="k for requests that leave it unset")
     p.add_argument("--max-inflight", type=int, default=64, help="requests generating at once; more get RESOURCE_EXHAUSTED")
@@ -206,6 +212,8 @@ def _stack_config(args):
         target_model=args.target_model,
         draft_model=args.draft_model,
         target_replicas=args.target_replicas,
+        metrics_port=args.metrics_port,
+        trace_file=args.trace_file or None,
         server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight),
         engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=args.pipeline == "on"),
     )
@@ -214,9 +222,11 @@ def _stack_config(args):
 def _print_parts(stack) -> None:
     c = stack.config
     actors = f"{len(stack.actor_names)} actor{'s' if len(stack.actor_names) != 1 else ''}"
-    print(f"  draft service   {stack.draft_address}  ({c.draft_model}, process {stack.draft_process.pid})", flush=True)
-    print(f"  target pool     {c.pool_name}: {actors} on the local Ray ({stack.target_name})", flush=True)
-    print(f"  coordinator     {stack.address}  (specdec.v1.GenerationService, health, reflection)", flush=True)
+    print(f"  draft service   {stack.draft_address}  ({c.draft_model}, process {stack.draft_process.pid}); metrics {stack.draft_metrics_address}", flush=True)
+    print(f"  target pool     {c.pool_name}: {actors} on the local Ray ({stack.target_name}); metrics {', '.join(stack.target_metrics_addresses)}", flush=True)
+    print(f"  coordinator     {stack.address}  (specdec.v1.GenerationService, health, reflection); metrics {stack.metrics.address}", flush=True)
+    if c.trace_file:
+        print(f"  traces          {c.trace_file}  (every part's spans; `specdec trace --last` shows the latest request)", flush=True)
 
 
 async def _up(config, status_every_s: float) -> int:
@@ -288,6 +298,18 @@ async def _demo(config, prompt: str, max_new_tokens: int) -> int:
     return code
 
 
+def _cmd_trace(args, parser) -> int:
+    from pathlib import Path
+
+    from specdec.trace_view import default_trace_file, show
+
+    if bool(args.trace_id) == args.last:
+        parser.error("specdec trace: give a trace id or --last")
+    status, lines = show(args.trace_id, Path(args.file) if args.file else default_trace_file(), args.last)
+    print("\n".join(lines), file=sys.stdout if status == 0 else sys.stderr)
+    return status
+
+
 # Subcommands that own their flags: `specdec draft ...` parses exactly like `python -m draft_service ...`.
 _DELEGATED = {
     "coordinator": ("coordinator.__main__", "serve the public GenerationService over a draft tier and a target pool"),
@@ -311,15 +333,28 @@ def main(argv: list[str] | None = None) -> int:
     up = _stack_parser(sub, "up", "serve the local stack (draft server, target pool, coordinator) until Ctrl-C", port=50051)
     up.add_argument("--status-every", type=float, default=5.0, help="seconds between status lines")
     _generate_parser(sub)
+    tr = sub.add_parser("trace", help="print one request's rounds from the local trace file that `specdec up` writes")
+    tr.add_argument("trace_id", nargs="?", help="the trace id a response carries (32 hex digits)")
+    tr.add_argument("--last", action="store_true", help="the request that finished last")
+    tr.add_argument("--file", default=None, help="the trace file (default ~/.cache/specdec/traces.jsonl)")
     for name, (_, help_text) in _DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)  # listed in --help; handled above
     args = parser.parse_args(argv)
     if args.command == "generate":
         return _cmd_generate(args)
+    if args.command == "trace":
+        return _cmd_trace(args, parser)
     from specdec.telemetry import configure_tracing
+    from specdec.trace_view import default_trace_file
 
+    if args.trace_file is None:
+        args.trace_file = str(default_trace_file())
     config = _stack_config(args)
-    configure_tracing("specdec-coordinator")
+    configure_tracing("specdec-coordinator", file=config.trace_file)
+    if args.command == "up":  # one line per request (demo prints its own summary)
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         if args.command == "up":
             return asyncio.run(_up(config, args.status_every))

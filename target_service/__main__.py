@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--session-ttl", type=float, default=defaults.session_ttl_s, help="seconds an idle session is kept")
     p.add_argument("--metrics-host", default=defaults.metrics_host, help="address each actor serves Prometheus metrics on (0.0.0.0 in a cluster)")
     p.add_argument("--metrics-port", type=flag_types.port, default=defaults.metrics_port, help="each actor's metrics port: the first free one from here on; 0 picks any")
+    p.add_argument("--gpus-per-actor", type=float, default=None, help="GPUs Ray reserves per actor (default: 1 when the cluster has GPUs, else 0)")
     p.add_argument("--cpus-per-actor", type=int, default=None, help="on CPU nodes: CPUs (and torch threads) per actor (default: a local Ray's CPUs shared out, 1 on a cluster)")
     p.add_argument("--full-precision", action="store_true", help="fp32 on GPUs too (CPU is always fp32)")
     return p
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if cpus < 1:
         print("specdec target: --cpus-per-actor must be >= 1", file=sys.stderr)
         return 2
-    config = replace(config, cpus=cpus)
+    if args.gpus_per_actor is not None and args.gpus_per_actor < 0:
+        print("specdec target: --gpus-per-actor must be >= 0", file=sys.stderr)
+        return 2
+    config = replace(config, cpus=cpus, gpus=args.gpus_per_actor)
     names = launch(config, args.replicas, prefix=args.name, namespace=args.namespace)
     print(f"target pool {args.name} in namespace {args.namespace}: {', '.join(names)}", flush=True)
     if args.address:

@@ -19,8 +19,10 @@ from opentelemetry.propagate import extract
 
 from specdec.acceptance import DraftProposal
 from specdec.models import load_model
+from specdec.metrics import MetricsServer
 from specdec.session_store import SessionStore
 from specdec.telemetry import configure_tracing
+from target_service import metrics
 from target_service.protocol import VerifyReply, VerifyRequest
 from target_service.verifier import TargetVerifier, VerifyItem, _cached_tokens
 
@@ -34,14 +36,16 @@ class ActorConfig:
     half_precision: bool = True  # bf16 weights when on a GPU; fp32 on CPU always
     metrics_host: str = "127.0.0.1"  # Prometheus /metrics of the actor
     metrics_port: int = 9466  # the first free port from here on (actors sharing a node count up); 0 picks any
+    gpus: float | None = None  # GPUs Ray reserves per actor; None: 1 when the cluster (or this machine) has any
     cpus: int = 1  # on a CPU node: the CPUs Ray reserves for the actor and the torch threads it runs
     trace_in_memory: bool = False  # keep finished spans for `finished_spans` (tests)
+    trace_file: str | None = None  # also append finished spans here as JSON lines (`specdec up`)
 
 
 class TargetActor:
     def __init__(self, config: ActorConfig):
         self.config = config
-        self._spans = configure_tracing("specdec-target", memory=config.trace_in_memory)
+        self._spans = configure_tracing("specdec-target", memory=config.trace_in_memory, file=config.trace_file)
         cuda = torch.cuda.is_available()
         if not cuda:
             # Ray sets OMP_NUM_THREADS to the actor's CPU reservation (1 unless told): without
@@ -56,6 +60,8 @@ class TargetActor:
         self._worker: asyncio.Task | None = None
         self.batch_sizes: list[int] = []  # forward passes so far, by batch size (for tests and bench)
         self.started_at = time.time()
+        # The first free port from metrics_port on: actors sharing a node count up from it.
+        self.metrics = MetricsServer(config.metrics_host, config.metrics_port, search=64)
 
     def info(self) -> dict:
         return {
@@ -67,6 +73,7 @@ class TargetActor:
             "queued": len(self._queue),
             "started_at": self.started_at,
             "batch_sizes": list(self.batch_sizes),
+            "metrics_address": self.metrics.address,
         }
 
     async def verify(self, request: VerifyRequest) -> VerifyReply:
@@ -75,11 +82,18 @@ class TargetActor:
             self._worker = asyncio.get_running_loop().create_task(self._drain())
         future = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
+        metrics.QUEUE_DEPTH.set(len(self._queue))
         self._wakeup.set()
         return await future
 
     def end_session(self, session_id: str) -> None:
         self.verifier.end_session(session_id)
+        self._gauges()
+
+    def _gauges(self) -> None:
+        metrics.QUEUE_DEPTH.set(len(self._queue))
+        metrics.SESSIONS.set(len(self.verifier.sessions))
+        metrics.CACHE_TOKENS.set(self.verifier.sessions.total_tokens)
 
     def finished_spans(self) -> list[dict]:
         """Spans this actor recorded, when configured with trace_in_memory."""
@@ -100,6 +114,7 @@ class TargetActor:
             self._wakeup.clear()
             while self._queue:
                 batch, self._queue = self._queue[: self.config.max_batch], self._queue[self.config.max_batch :]
+                metrics.QUEUE_DEPTH.set(len(self._queue))
                 try:
                     replies = await asyncio.to_thread(self._verify_batch, [request for request, _ in batch])
                 except Exception as error:  # one bad batch must not kill the worker
@@ -107,6 +122,7 @@ class TargetActor:
                         if not future.done():
                             future.set_exception(error)
                     continue
+                self._gauges()
                 for (_, future), reply in zip(batch, replies):
                     if not future.done():
                         future.set_result(reply)
@@ -117,6 +133,7 @@ class TargetActor:
         for i, request in enumerate(requests):
             context = self._context(request)
             if context is None:
+                metrics.VERIFY_MISSES.inc()
                 replies[i] = VerifyReply(None, miss=True)
                 continue
             if len(context) + len(request.draft_ids) > self.loaded.max_context:
@@ -130,6 +147,7 @@ class TargetActor:
         # many requests share the forward pass.
         tracer = trace.get_tracer("specdec.target")
         spans = [tracer.start_span("specdec.verify", context=extract(requests[i].trace_carrier)) for i in where]
+        started = time.perf_counter()
         try:
             results = self.verifier.verify_batch(items) if items else []
         except Exception as error:
@@ -137,6 +155,10 @@ class TargetActor:
                 span.record_exception(error)
                 span.end()
             raise
+        if items:
+            metrics.FORWARD_LATENCY.observe(time.perf_counter() - started)
+            metrics.VERIFY_BATCH_SIZE.observe(len(items))
+            metrics.VERIFY_ROUNDS.inc(len(items))
         for i, item, result, span in zip(where, items, results, spans):
             span.set_attributes(
                 {

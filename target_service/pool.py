@@ -11,6 +11,7 @@ to a running pool and a resize is picked up on the next refresh.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -150,9 +151,17 @@ def launch(config: ActorConfig, replicas: int, prefix: str = PREFIX, namespace: 
     """
     import torch
 
-    gpus = 1 if torch.cuda.is_available() else 0
+    # The launching process (a Job pod, a laptop) may have no GPU where the actors will: ask the cluster.
+    gpus = config.gpus
+    if gpus is None:
+        gpus = 1 if torch.cuda.is_available() or ray.cluster_resources().get("GPU", 0) >= 1 else 0
     cls = remote_actor_class(num_gpus=gpus, num_cpus=config.cpus)
     options = {"namespace": namespace, "get_if_exists": True, "lifetime": "detached"}
+    # The OTEL_* settings of the process that creates the pool travel with the actors, wherever
+    # Ray places them (a worker pod's own environment is used for what is not set here).
+    otel = {key: value for key, value in os.environ.items() if key.startswith("OTEL_")}
+    if otel:
+        options["runtime_env"] = {"env_vars": otel}
     handles = [cls.options(name=f"{prefix}-{i}", **options).remote(config) for i in range(replicas)]
     ray.get([h.info.remote() for h in handles])  # raises here if a model fails to load
     for name in actor_names(prefix, namespace)[replicas:]:

@@ -32,3 +32,16 @@ def test_stack_bench_runs_every_method_and_greedy_outputs_match(tiny_dir, ray_lo
         assert row["time_split"]["stack_spec"]["outside"] > 0.0
         assert row["rounds"] >= 1 and row["tokens_per_round"] >= 1.0
     assert set(results["overall"]) == {"ngram", "first:1"}
+
+
+def test_tracing_bench_compares_traced_and_untraced_requests(tiny_dir, ray_local, tmp_path):
+    from bench.tracing import main as tracing_main
+
+    out = tmp_path / "tracing.json"
+    argv = ["--target-model", tiny_dir("llama", 1), "--workload", "copy", "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8", "--max-prompt-tokens", "64", "--json", str(out)]
+    assert tracing_main(argv, install_global=False) == 0
+    results = json.loads(out.read_text())
+    row = results["prompts"][0]
+    assert row["tokens_per_s"]["traced"] > 0 and row["tokens_per_s"]["untraced"] > 0
+    # Tracing on really traced every tier; the spans came from the traced requests only.
+    assert {"specdec-coordinator", "specdec-draft", "specdec-target"} <= set(results["spans_by_service"])

@@ -86,7 +86,7 @@ class Stack:
         port = await draft.start("127.0.0.1", 0)
         client = DraftClient(f"127.0.0.1:{port}")
         # target_model None: the tokenizer comes from the model the pool reports.
-        engine = await connect_engine(client, self.pool, None, EngineConfig(max_draft_tokens=MAX_DRAFT))
+        engine = await connect_engine(client, self.pool, None, EngineConfig(max_draft_tokens=MAX_DRAFT), self.tracer)
         server = GenerationServer(engine, ServerConfig(port=0, max_inflight=8), tracer=self.tracer)
         self.drafts[drafter], self.servers[drafter] = draft, server
         self.clients.append(client)

@@ -12,6 +12,7 @@ import select
 import signal
 import socket
 import subprocess
+import urllib.request
 import sys
 import threading
 from contextlib import asynccontextmanager
@@ -380,13 +381,16 @@ def test_health_reflection_and_graceful_drain(tiny):
 
 
 def test_process_serves_and_exits_cleanly_on_sigterm():
-    env = dict(os.environ, SPECDEC_DRAFT_PORT="0", SPECDEC_DRAFT_GRACE="5")
+    env = dict(os.environ, SPECDEC_DRAFT_PORT="0", SPECDEC_DRAFT_METRICS_PORT="0", SPECDEC_DRAFT_GRACE="5")
     proc = subprocess.Popen([sys.executable, "-m", "draft_service", "--draft-model", "ngram"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert select.select([proc.stdout], [], [], 30)[0], "no output within 30 s"
         line = proc.stdout.readline()  # printed once it listens (the model loads after)
         assert "listening on 127.0.0.1:" in line, line
         address = line.rsplit(" ", 1)[-1].strip()
+        metrics_line = proc.stdout.readline()
+        assert "metrics on 127.0.0.1:" in metrics_line, metrics_line
+        metrics_address = metrics_line.rsplit(" ", 1)[-1].strip()
 
         async def check():
             async with grpc.aio.insecure_channel(address) as channel:
@@ -395,6 +399,10 @@ def test_process_serves_and_exits_cleanly_on_sigterm():
                 assert list(response.token_ids) == [42, 120, 33, 64]  # prompt lookup after "5 17"
 
         run(check(), 30)
+        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10) as reply:
+            page = reply.read().decode()
+        assert 'specdec:draft_propose_calls_total{code="OK"} 1.0' in page
+        assert "specdec:draft_tokens_total 4.0" in page and "specdec:draft_sessions 1.0" in page
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
