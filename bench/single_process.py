@@ -65,7 +65,7 @@ Method = Callable[[list[int], int], Run]  # (prompt ids, max_new_tokens) -> Run
 
 def make_methods(target: LoadedModel, k: int, runner: asyncio.Runner) -> dict[str, Method]:
     # No eos ids: our engine then stops only at max_new_tokens, like transformers with eos None.
-    engine = build_engine(replace(target, eos_token_ids=frozenset()), None, EngineConfig(default_draft_tokens=k, max_draft_tokens=max(k, 16)))
+    engine = build_engine(replace(target, eos_token_ids=frozenset()), None, EngineConfig(default_draft_tokens=k, max_draft_tokens=max(k, 16), adaptive=False))
     model = target.model
 
     def ours(speculate: bool) -> Method:

@@ -169,7 +169,7 @@ def summarize(rows: list[dict]) -> dict:
 async def bench_drafter(drafter: str, target, encoded: list[tuple[str, str, list[int]]], args, progress: tqdm) -> list[dict]:
     """Every method on every prompt for one drafter; one local stack for all of them."""
     spec = drafter_spec(drafter, args.target_model)
-    config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16))
+    config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=args.adaptive)
     # EOS off everywhere: every method then generates exactly max_new_tokens tokens.
     single = build_engine(replace(target, eos_token_ids=frozenset()), None if spec == "ngram" else load_model(spec), config)
     stack_config = StackConfig(target_model=args.target_model, draft_model=spec, pool_name=POOL, server=ServerConfig(port=0), engine=config)
@@ -258,6 +258,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--k", type=int, default=DEFAULT_K, help=f"max draft tokens (default {DEFAULT_K})")
+    p.add_argument("--adaptive", action="store_true", help="adaptive k (at most --k) instead of k = --k every round")
     p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
     p.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
     p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep only the last N prompt tokens (0: no limit; for tiny test models)")

@@ -78,7 +78,7 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
     if install_global:  # the draft client's gRPC interceptor records its spans with the global one
         trace.set_tracer_provider(traced)
     tracers = {"traced": traced.get_tracer("bench"), "untraced": TracerProvider(sampler=ALWAYS_OFF).get_tracer("bench")}
-    config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16))
+    config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=False)  # the same k in both arms
     stack_config = StackConfig(target_model=args.target_model, draft_model=args.drafter, pool_name=POOL, trace_file=str(trace_file), metrics_port=0, server=ServerConfig(port=0), engine=config)
     seconds: dict[str, dict[str, list[float]]] = {label: {arm: [] for arm in ARMS} for label, _ in prompts}
     tokens: dict[str, int] = {}

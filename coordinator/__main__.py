@@ -2,7 +2,8 @@
 
 The draft tier is a DraftService address (`host:port`, comma-separated replicas, or
 `dns:///name:port`); the target tier is a pool of named Ray actors (`specdec target`) joined
-through `--ray-address` (a Ray with token authentication reads RAY_AUTH_TOKEN). Every flag
+through `--ray-address` (a Ray with token authentication reads RAY_AUTH_TOKEN); a draft tier
+that wants a token gets `--draft-auth-token`; `--tls-cert`/`--tls-key` serve TLS. Every flag
 --some-flag can also come from SPECDEC_COORDINATOR_SOME_FLAG (a flag given on the command line
 wins); this is the only place that reads them.
 """
@@ -16,7 +17,8 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from coordinator.engine import EngineConfig
 from coordinator.server import ServerConfig
@@ -37,6 +39,7 @@ class CoordinatorConfig:
     metrics_port: int  # Prometheus /metrics on --host; 0 picks a free port
     server: ServerConfig
     engine: EngineConfig
+    draft_auth_token: str | None = field(default=None, repr=False)  # sent as 'authorization: Bearer <token>'
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -48,10 +51,11 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description=f"Serve specdec.v1.GenerationService over a draft tier and a target pool. Each flag may also be set by {ENV_PREFIX}<FLAG>.",
     )
 
-    def flag(name: str, default, type, help: str, required: bool = False) -> None:
+    def flag(name: str, default, type, help: str, required: bool = False, secret: bool = False) -> None:
         env = ENV_PREFIX + name.upper().replace("-", "_")
         default = environ.get(env, default)
-        p.add_argument(f"--{name}", default=default, type=type, required=required and default is None, help=f"{help} [env {env}; default {default}]")
+        shown = ("set" if default else "unset") if secret else default  # --help never prints a token
+        p.add_argument(f"--{name}", default=default, type=type, required=required and default is None, help=f"{help} [env {env}; default {shown}]")
 
     flag("draft", None, str, "DraftService address: host:port, several comma-separated, or dns:///name:port", required=True)
     flag("target-pool", PREFIX, str, "target actor name prefix (actors <name>-0 .. <name>-(n-1))")
@@ -65,8 +69,13 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("default-draft-tokens", engine.default_draft_tokens, flag_types.nonnegative_int, "k for requests that leave it unset")
     flag("max-inflight", server.max_inflight, flag_types.positive_int, "requests generating at once; more get RESOURCE_EXHAUSTED")
     flag("pipeline", "on" if engine.pipeline else "off", flag_types.on_off, "'on': draft round r+1 while round r is verified")
+    flag("adaptive", "on" if engine.adaptive else "off", flag_types.on_off, "'on': each round's k from the request's acceptance and the measured costs, at most the request's max")
+    flag("speculation-max-running", engine.speculation_max_running, flag_types.nonnegative_int, "with more requests generating than this, rounds run without drafts (target saturated); 0: never")
     flag("draft-timeout", engine.draft_timeout_s, flag_types.positive_seconds, "a proposal later than this is dropped (that round runs with k = 0)")
     flag("grace", server.grace_s, flag_types.seconds, "seconds calls in flight get to finish after SIGTERM")
+    flag("tls-cert", None, str, "PEM certificate chain file: serve TLS (with --tls-key) instead of plaintext")
+    flag("tls-key", None, str, "PEM private key file of --tls-cert")
+    flag("draft-auth-token", None, str, "token the draft tier requires (its --auth-token); prefer the env variable: flags show in ps", secret=True)
     return p
 
 
@@ -75,6 +84,14 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
     args = p.parse_args(argv)
     if args.default_draft_tokens > args.max_draft_tokens:
         p.error(f"--default-draft-tokens {args.default_draft_tokens} exceeds --max-draft-tokens {args.max_draft_tokens}")
+    tls = None
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    if args.tls_cert:
+        try:
+            tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
+        except OSError as e:
+            p.error(f"cannot read the TLS files: {e}")
     return CoordinatorConfig(
         draft=args.draft,
         target_pool=args.target_pool,
@@ -82,19 +99,22 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         ray_address=args.ray_address,
         target_model=args.target_model,
         metrics_port=args.metrics_port,
-        server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace),
+        server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace, tls=tls),
         engine=EngineConfig(
             default_draft_tokens=args.default_draft_tokens,
             max_draft_tokens=args.max_draft_tokens,
             pipeline=args.pipeline,
+            adaptive=args.adaptive,
+            speculation_max_running=args.speculation_max_running,
             draft_timeout_s=args.draft_timeout,
         ),
+        draft_auth_token=args.draft_auth_token or None,
     )
 
 
 async def serve(config: CoordinatorConfig) -> None:
     """Serve until SIGTERM or SIGINT, then stop: NOT_SERVING, calls in flight get the grace period."""
-    from coordinator.clients import DraftClient
+    from coordinator.clients import DraftClient, DraftClientConfig
     from coordinator.server import GenerationServer
     from coordinator.stack import connect_engine
     from specdec.metrics import MetricsServer
@@ -102,7 +122,7 @@ async def serve(config: CoordinatorConfig) -> None:
 
     pool = TargetPool(PoolConfig(prefix=config.target_pool, namespace=config.namespace))
     draft_addresses = config.draft.split(",") if "," in config.draft else config.draft
-    async with DraftClient(draft_addresses) as draft:
+    async with DraftClient(draft_addresses, DraftClientConfig(auth_token=config.draft_auth_token)) as draft:
         engine = await connect_engine(draft, pool, config.target_model, config.engine)
         server = GenerationServer(engine, config.server)
         port = await server.start()
@@ -112,7 +132,7 @@ async def serve(config: CoordinatorConfig) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         print(
-            f"coordinator listening on {config.server.host}:{port} | draft {config.draft} | "
+            f"coordinator listening on {config.server.host}:{port}{' (TLS)' if config.server.tls else ''} | draft {config.draft} | "
             f"target pool {config.target_pool} ({len(pool.actors)} actor{'s' if len(pool.actors) != 1 else ''}, {engine.target.name})",
             flush=True,
         )

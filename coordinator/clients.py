@@ -11,6 +11,9 @@ headless Kubernetes service gives one per pod), re-resolved every `resolve_every
 session goes to the replica that wins rendezvous hashing (highest hash of session id + address),
 so a session stays on one replica, sessions spread evenly, and adding or removing a replica only
 moves the sessions that hashed to it (they miss once and prefill).
+
+With `auth_token` set, every call carries `authorization: Bearer <token>`: a draft server started
+with the same `--auth-token` refuses calls without it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import hashlib
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
@@ -44,9 +47,11 @@ class DraftClientConfig:
     probs_encoding: int = common_pb2.DRAFT_PROBS_ENCODING_UNSPECIFIED  # the server picks the smaller exact form
     # Dense fp32 q over Gemma 3's vocabulary is 1 MiB per draft token: far above gRPC's 4 MiB default.
     max_receive_bytes: int = 256 << 20
+    max_send_bytes: int = 16 << 20  # a Propose carries token ids: a context at most
     # gRPC's default reconnect backoff starts at 1 s and grows to 120 s; a restarted draft pod is
     # back in seconds, and until the channel reconnects every request decodes without drafts.
     reconnect_backoff_s: tuple[float, float] = (0.2, 5.0)  # (first, largest)
+    auth_token: str | None = field(default=None, repr=False)  # the draft tier's --auth-token; None sends none
 
 
 @dataclass
@@ -74,6 +79,7 @@ class DraftClient:
         self._sessions: dict[str, _Sent] = {}
         self._closing: set[asyncio.Future] = set()
         self.misses = 0  # session-miss answers that led to a full resend
+        self._metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else None
 
     async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
         tokens = list(tokens)
@@ -105,7 +111,7 @@ class DraftClient:
         if sent is None or sent.address not in self._channels:
             return
         try:
-            await self._channels[sent.address][1].EndSession(draft_pb2.EndSessionRequest(session_id=session_id), timeout=self.config.timeout_s)
+            await self._channels[sent.address][1].EndSession(draft_pb2.EndSessionRequest(session_id=session_id), timeout=self.config.timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError:
             pass
 
@@ -129,7 +135,7 @@ class DraftClient:
             sampling=_sampling_to_proto(sampling),
             probs_encoding=self.config.probs_encoding,
         )
-        return await self._channels[address][1].Propose(request, timeout=self.config.timeout_s)
+        return await self._channels[address][1].Propose(request, timeout=self.config.timeout_s, metadata=self._metadata)
 
     async def _replica(self, session_id: str) -> str:
         if self._dns is not None and time.monotonic() - self._resolved_at >= self.config.resolve_every_s:
@@ -166,6 +172,7 @@ class DraftClient:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.max_receive_message_length", self.config.max_receive_bytes),
+            ("grpc.max_send_message_length", self.config.max_send_bytes),
             ("grpc.initial_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[0] * 1000)),
             ("grpc.min_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[0] * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[1] * 1000)),

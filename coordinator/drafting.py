@@ -52,9 +52,9 @@ class DraftSide:
             return Drafts(DraftProposal([]), None)
         ready = self._next
         self._next = None
-        if ready is not None and ready[0] == tuple(tokens) and ready[1] == k:
+        if ready is not None and ready[0] == tuple(tokens) and ready[1] >= k:
             self.pipelined_hits += 1
-            return await ready[2]
+            return _first(await ready[2], k)  # asked for more than this round drafts (adaptive k): a prefix is a draft too
         if ready is not None:
             await _cancel(ready[2])
         return await self._call(list(tokens), k)
@@ -86,6 +86,15 @@ class DraftSide:
         guess = ids[k] if self.pipeline and len(ids) > k else None
         q = proposal.draft_probs[:k] if proposal.draft_probs is not None else None
         return Drafts(DraftProposal(ids[:k], q), guess)
+
+
+def _first(drafts: Drafts, k: int) -> Drafts:
+    """The first k drafts, and the next one as the guess of the bonus token."""
+    ids = drafts.proposal.token_ids
+    if len(ids) <= k:
+        return drafts
+    q = drafts.proposal.draft_probs
+    return Drafts(DraftProposal(list(ids[:k]), q[:k] if q is not None else None), ids[k], drafts.fallback)
 
 
 async def _cancel(task: asyncio.Task) -> None:

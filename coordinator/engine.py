@@ -10,6 +10,7 @@ k = 0 is plain decoding through the same path.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 import uuid
@@ -22,11 +23,20 @@ from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
 from coordinator import observe
+from coordinator.adaptive import Acceptance, CostModel, best_k
 from coordinator.drafting import DraftSide
 from coordinator.text import OutputText
 from specdec.acceptance import DraftProposal, Verification
 from specdec.errors import InvalidArgument
 from specdec.sampling import SamplingParams
+
+
+# A prompt longer than this (characters) is tokenized off the event loop that serves every other
+# request: 1 MiB takes about a second on 2 cores, and the Rust tokenizer releases the GIL (measured).
+_TOKENIZE_IN_THREAD_CHARS = 1 << 16
+
+
+log = logging.getLogger(__name__)
 
 
 class Proposer(Protocol):
@@ -61,6 +71,15 @@ class EngineConfig:
     pipeline: bool = True  # request round r+1's drafts while round r is verified
     draft_timeout_s: float = 2.0  # a proposal later than this is dropped: that round runs with k = 0
     draft_retry_s: float = 1.0  # after a draft failure, rounds run with k = 0 this long
+    adaptive: bool = True  # each round's k from the request's acceptance and the measured costs (coordinator/adaptive.py)
+    probe_every: int = 8  # adaptive k at 0: still draft one token every this many rounds, to notice a change
+    # Load awareness: with more than this many requests generating, rounds run without drafts
+    # (the target tier is saturated: a rejected draft costs another request's verify time). 0: never.
+    speculation_max_running: int = 0
+    # Every round searches the new text for each stop string and holds back any tail that could
+    # begin one (coordinator/text.py): the cost grows with their number times their length.
+    max_stop_strings: int = 16
+    max_stop_chars: int = 256  # the longest stop string
 
 
 @dataclass
@@ -128,9 +147,16 @@ class SpeculativeEngine:
         self.verifier = verifier
         self.target = target
         self.config = config
+        self._longest_token: int | None = None  # characters of the longest vocabulary entry, once needed
+        self.costs = CostModel()  # draft and verify costs, learned from every round of every request
+        self.running = 0  # requests generating now (load awareness)
+        self._ending: set[asyncio.Task] = set()  # draft sessions still ending after their request
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
-        prompt, request = self.prepare(request)
+        if len(request.prompt) > _TOKENIZE_IN_THREAD_CHARS:
+            prompt, request = await asyncio.to_thread(self.prepare, request)
+        else:
+            prompt, request = self.prepare(request)
         k_max = self._k_max(request)
         session_id = uuid.uuid4().hex
         tokens = list(prompt)
@@ -143,19 +169,46 @@ class SpeculativeEngine:
             # Never draft past what may still be emitted: the verifier adds one token itself.
             return min(k_max, request.max_new_tokens - (length - len(prompt)) - 1, self.target.max_context - length - 1)
 
+        acceptance = Acceptance()
+        fixed_k = not cfg.adaptive  # a sampled model draft fixes k: seeded outputs then depend on k only
+        since_probe = 0
+
+        def choose_k(cap: int) -> tuple[int, str]:
+            """This round's k (at most `cap`) and why: fixed, adaptive, probe or load."""
+            nonlocal since_probe
+            if cap <= 0 or fixed_k:
+                return max(cap, 0), "fixed"
+            if cfg.speculation_max_running and self.running > cfg.speculation_max_running:
+                return 0, "load"
+            k = best_k(acceptance.alpha, self.costs, cap)
+            since_probe = 0 if k > 0 else since_probe + 1
+            if k == 0 and since_probe >= cfg.probe_every:
+                since_probe = 0
+                return 1, "probe"
+            return k, "adaptive"
+
         started = time.perf_counter()
         first_token_s = None
+        self.running += 1
         try:
             while True:
                 generated = len(tokens) - len(prompt)
-                k = k_for(len(tokens))
+                cap = k_for(len(tokens))
+                k, why = choose_k(cap)
                 hits = drafts.pipelined_hits
-                with observe.round_span(self.tracer, stats.rounds, k) as span:
+                with observe.round_span(self.tracer, stats.rounds, cap, why) as span:
                     t0 = time.perf_counter()
                     proposal, guess, fallback = await drafts.propose(tokens, k)
+                    if any(not 0 <= t < self.target.vocab_size for t in proposal.token_ids):
+                        # A draft tier serving another vocabulary (a misconfigured pair) must not
+                        # fail the target's batch, which other requests share: drop its drafts.
+                        log.warning("draft ids outside the target's vocabulary of %d: round without drafts", self.target.vocab_size)
+                        proposal, guess, fallback = DraftProposal([]), None, True
                     t1 = time.perf_counter()
                     verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
-                    drafts.prefetch(tokens, proposal, guess, k_for(len(tokens) + len(proposal.token_ids) + 1))
+                    # The next round's k is not known before this one is verified: ask for this
+                    # round's, or one if it drafted none (a prefix of a longer draft serves too).
+                    drafts.prefetch(tokens, proposal, guess, min(max(k, 1), k_for(len(tokens) + len(proposal.token_ids) + 1)))
                     result = await verifying
                     t2 = time.perf_counter()
                     room = min(request.max_new_tokens - generated, self.target.max_context - len(tokens))
@@ -166,6 +219,11 @@ class SpeculativeEngine:
                     )  # fmt: skip
                 stats.draft_wait_s += t1 - t0
                 stats.verify_wait_s += t2 - t1
+                if stats.rounds:  # the first round's verify includes the prompt's prefill: not a round's cost
+                    self.costs.observe_verify(len(proposal.token_ids) + 1, t2 - t1)
+                self.costs.observe_draft(len(proposal.token_ids), t1 - t0)
+                acceptance.observe(len(proposal.token_ids), result.num_accepted)
+                fixed_k |= not request.sampling.greedy and proposal.draft_probs is not None
                 stats.record(len(proposal.token_ids), result.num_accepted)
                 stats.pipelined_rounds, stats.draft_failures = drafts.pipelined_hits, drafts.failures
                 tokens.extend(kept)
@@ -182,9 +240,9 @@ class SpeculativeEngine:
                 yield Delta(kept, text, reason, len(prompt), stats)
                 return
         finally:
+            self.running -= 1
             await drafts.cancel_pipelined()
-            await self.proposer.end_session(session_id)
-            await self.verifier.end_session(session_id)
+            await asyncio.gather(self._end_draft_session(session_id), self.verifier.end_session(session_id))
 
     async def generate(self, request: GenerationRequest) -> Delta:
         """The whole output as one Delta (tokens, text, finish reason, usage, statistics)."""
@@ -195,27 +253,51 @@ class SpeculativeEngine:
             text.append(delta.text)
         return replace(delta, token_ids=token_ids, text="".join(text))
 
+    async def _end_draft_session(self, session_id: str) -> None:
+        """End the draft tier's session, waiting no longer than for a proposal: a slow draft tier
+        must not hold a finished request (a draft server that stopped answering held every
+        request's status for the client's whole EndSession deadline, measured). The call goes on
+        in the background; a session it never reaches expires by the replica's TTL."""
+        ending = asyncio.ensure_future(self.proposer.end_session(session_id))
+        self._ending.add(ending)  # a reference, or the loop may collect the task mid-call
+        ending.add_done_callback(_settled(self._ending))
+        try:
+            await asyncio.wait_for(asyncio.shield(ending), self.config.draft_timeout_s)
+        except TimeoutError:
+            pass
+
     def prepare(self, request: GenerationRequest) -> tuple[list[int], GenerationRequest]:
         """Validate every field (InvalidArgument names the first bad one), tokenize, draw a seed."""
         if request.prompt and request.prompt_token_ids:
             raise InvalidArgument("prompt", "give prompt or prompt_token_ids, not both")
+        max_context = self.target.max_context
         if request.prompt:
+            # Refused before tokenizing, which takes seconds per MiB: no token covers more
+            # characters than its own entry in the vocabulary, so a longer text cannot fit.
+            if len(request.prompt) > max_context and len(request.prompt) > max_context * self._longest():
+                raise InvalidArgument("prompt", f"has {len(request.prompt)} characters, more than the model's context of {max_context} tokens can hold")
             prompt = self.target.tokenizer(request.prompt)["input_ids"]
         else:
             prompt = list(request.prompt_token_ids)
+            if max_context <= len(prompt):
+                raise InvalidArgument("prompt", f"has {len(prompt)} tokens; the model's context is {max_context}")  # before scanning millions of ids
             bad = [t for t in prompt if not 0 <= t < self.target.vocab_size]
             if bad:
                 raise InvalidArgument("prompt_token_ids", f"token id {bad[0]} is outside [0, {self.target.vocab_size})")
         if not prompt:
             raise InvalidArgument("prompt", "is empty")
-        if len(prompt) >= self.target.max_context:
-            raise InvalidArgument("prompt", f"has {len(prompt)} tokens; the model's context is {self.target.max_context}")
+        if len(prompt) >= max_context:
+            raise InvalidArgument("prompt", f"has {len(prompt)} tokens; the model's context is {max_context}")
         room = self.target.max_context - len(prompt)
         if not isinstance(request.max_new_tokens, int) or not 1 <= request.max_new_tokens <= room:
             raise InvalidArgument("max_new_tokens", f"must be in [1, {room}] for this prompt, got {request.max_new_tokens!r}")
         request.sampling.validate()
         if any(not isinstance(s, str) for s in request.stop):
             raise InvalidArgument("stop", "must be strings")
+        if len(request.stop) > self.config.max_stop_strings:
+            raise InvalidArgument("stop", f"at most {self.config.max_stop_strings} strings, got {len(request.stop)}")
+        if (longest := max(map(len, request.stop), default=0)) > self.config.max_stop_chars:
+            raise InvalidArgument("stop", f"each at most {self.config.max_stop_chars} characters, got {longest}")
         if not isinstance(request.max_draft_tokens, int) or not 0 <= request.max_draft_tokens <= self.config.max_draft_tokens:
             raise InvalidArgument(
                 "speculation.max_draft_tokens",
@@ -224,6 +306,11 @@ class SpeculativeEngine:
         if not request.sampling.greedy and request.sampling.seed is None:
             request = replace(request, sampling=replace(request.sampling, seed=secrets.randbits(63)))
         return prompt, request
+
+    def _longest(self) -> int:
+        if self._longest_token is None:
+            self._longest_token = max(map(len, self.target.tokenizer.get_vocab()), default=1)
+        return self._longest_token
 
     def _k_max(self, request: GenerationRequest) -> int:
         if not request.speculate:
@@ -237,3 +324,14 @@ class SpeculativeEngine:
             return FinishReason.LENGTH
         return None
 
+
+def _settled(pending: set[asyncio.Task]):
+    """Done callback: forget the task, and take its outcome (an error after we stopped waiting
+    would otherwise be logged as 'never retrieved'; the session then expires by TTL)."""
+
+    def done(task: asyncio.Task) -> None:
+        pending.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return done

@@ -4,7 +4,9 @@ Status codes: INVALID_ARGUMENT names the field (the engine's `prepare` decides w
 RESOURCE_EXHAUSTED beyond `max_inflight` requests generating at once; DEADLINE_EXCEEDED when the
 call's deadline passes mid-generation (the engine runs under the deadline the client set);
 UNAVAILABLE when the target tier cannot answer (a failing draft tier only turns speculation off:
-the engine's fallback). A client that cancels cancels the engine, whose `finally`
+the engine's fallback). Bytes that do not parse as the request are INVALID_ARGUMENT too (naming
+the string field that is not UTF-8, when that is why), and a request over `MAX_MESSAGE_BYTES`
+is RESOURCE_EXHAUSTED from grpc itself. A client that cancels cancels the engine, whose `finally`
 ends the request's sessions on both tiers before the handler returns. Each call is one server
 span; its trace id (32 lowercase hex) is on every response. The standard health service says
 SERVING while the server runs and NOT_SERVING from the start of a stop; reflection lists
@@ -26,6 +28,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
+from google.protobuf import descriptor, empty_pb2, message_factory, unknown_fields
+from google.protobuf.message import DecodeError
 from opentelemetry import trace
 
 from coordinator.convert import request_from_proto, response_to_proto
@@ -39,9 +43,15 @@ from target_service.pool import TargetUnavailable
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 log = logging.getLogger(__name__)
 
+# A prompt as long as any model's context is well under 1 MiB of text; grpc's own default (4 MiB
+# in, unbounded out) would let a response grow without limit.
+MAX_MESSAGE_BYTES = 16 << 20
+
 # Clients may keep idle connections alive with pings (the draft client pings every 30 s); allow
 # them rather than answer GOAWAY "too_many_pings". A busy port fails instead of being shared.
 SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -57,6 +67,8 @@ class ServerConfig:
     port: int = 50051  # 0 picks a free port
     max_inflight: int = 64  # requests generating at once; more get RESOURCE_EXHAUSTED
     grace_s: float = 10.0  # on stop, calls in flight get this long to finish
+    # (certificate chain PEM, private key PEM): serve TLS on the port; None serves plaintext.
+    tls: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -279,6 +291,63 @@ def _delta_to_proto(delta: Delta, trace_id: str, completion_tokens: int) -> pb.G
     )
 
 
+def _add_generation_service(servicer: GenerationServicer, server: grpc.aio.Server) -> None:
+    """What the generated `add_GenerationServiceServicer_to_server` does, but the handlers parse
+    their requests themselves: bytes that grpc's deserializer refuses get UNKNOWN "Unexpected
+    <class '...DecodeError'>: ... String field had bad UTF-8" from grpc.aio (measured),
+    which names no field."""
+    handlers = {
+        "Generate": grpc.unary_unary_rpc_method_handler(_parsing(servicer.Generate, pb.GenerateRequest), response_serializer=pb.GenerateResponse.SerializeToString),
+        "GenerateStream": grpc.unary_stream_rpc_method_handler(
+            _parsing(servicer.GenerateStream, pb.GenerateStreamRequest), response_serializer=pb.GenerateStreamResponse.SerializeToString
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+def _parsing(method, message_type):
+    """`method` behind a parse of the raw request bytes that answers INVALID_ARGUMENT."""
+
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext):
+        try:
+            request = message_type.FromString(raw)
+        except DecodeError:
+            metrics.REQUESTS.labels("", grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+            problem = _why_unparsable(message_type.DESCRIPTOR, raw) or f"request: is not a serialized {message_type.DESCRIPTOR.full_name}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        return await method(request, context)
+
+    return handler
+
+
+def _why_unparsable(message: descriptor.Descriptor, raw: bytes, prefix: str = "") -> str | None:
+    """The field of `message` that makes `raw` unparsable, as "field: problem" (a string that is
+    not UTF-8, as proto3 requires, or a sub-message that does not parse), or None: protobuf only
+    says that the message failed. Parsed as an Empty, every field is an unknown field: raw bytes."""
+    holder = empty_pb2.Empty()
+    try:
+        holder.ParseFromString(raw)
+    except DecodeError:
+        return None  # not even the wire format
+    for unknown in unknown_fields.UnknownFieldSet(holder):
+        field = message.fields_by_number.get(unknown.field_number)
+        if field is None or not isinstance(unknown.data, bytes):
+            continue  # an unknown field, or another wire type: protobuf skips it
+        name = prefix + field.name
+        if field.type == descriptor.FieldDescriptor.TYPE_STRING:
+            try:
+                unknown.data.decode("utf-8")
+            except UnicodeDecodeError:
+                return f"{name}: is not valid UTF-8"
+        elif field.type == descriptor.FieldDescriptor.TYPE_MESSAGE:
+            try:
+                message_factory.GetMessageClass(field.message_type).FromString(unknown.data)
+            except DecodeError:
+                return _why_unparsable(field.message_type, unknown.data, name + ".") or f"{name}: is not a serialized {field.message_type.full_name}"
+    return None
+
+
 def _trace_id(span: trace.Span) -> str:
     context = span.get_span_context()
     return f"{context.trace_id:032x}" if context.is_valid else ""  # tracing off: no id to give
@@ -292,7 +361,7 @@ class GenerationServer:
         self.servicer = GenerationServicer(engine, config.max_inflight, tracer)
         self.health = health_aio.HealthServicer()
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        generation_pb2_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
+        _add_generation_service(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
         reflection.enable_server_reflection((SERVICE_NAME, health_name, reflection.SERVICE_NAME), self.server)
@@ -304,7 +373,12 @@ class GenerationServer:
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port. A busy port raises RuntimeError."""
-        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        if self.config.tls is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            cert_chain, private_key = self.config.tls
+            self.port = self.server.add_secure_port(address, grpc.ssl_server_credentials([(private_key, cert_chain)]))
         await self.server.start()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -45,6 +45,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("max-draft-tokens", defaults.max_draft_tokens, flag_types.positive_int, "largest k a call may ask for")
     flag("grace", server.grace_s, flag_types.seconds, "seconds in-flight calls get to finish after SIGTERM")
     flag("drain-delay", server.drain_delay_s, flag_types.seconds, "seconds to report NOT_SERVING before refusing calls after SIGTERM")
+    flag("auth-token", None, str, "calls but health checks must carry 'authorization: Bearer <token>' (prefer the env variable: flags show in ps)")
     return p
 
 
@@ -57,6 +58,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Se
         metrics_port=args.metrics_port,
         grace_s=args.grace,
         drain_delay_s=args.drain_delay,
+        auth_token=args.auth_token or None,
         draft=DraftConfig(
             max_draft_tokens=args.max_draft_tokens,
             max_batch=args.max_batch,

@@ -3,14 +3,16 @@
 Status codes: INVALID_ARGUMENT names the field; FAILED_PRECONDITION with a message starting
 "session miss" asks the client to resend the full context; RESOURCE_EXHAUSTED when the model's
 queue is full; DEADLINE_EXCEEDED for calls whose deadline passed before work started;
-UNAVAILABLE while the model loads or the server drains. The standard health service says
-SERVING once the model is loaded and NOT_SERVING from the start of a drain; reflection lists
-DraftService and Health.
+UNAVAILABLE while the model loads or the server drains; UNAUTHENTICATED, when the server has a
+token, for calls without `authorization: Bearer <token>` (health checks need none, so probes
+work). The standard health service says SERVING once the model is loaded and NOT_SERVING from
+the start of a drain; reflection lists DraftService and Health.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import signal
 import time
 from collections.abc import Callable
@@ -35,10 +37,17 @@ SESSION_MISS = "session miss"  # prefix of the FAILED_PRECONDITION message; clie
 _KNOWN_ENCODINGS = frozenset(common_pb2.DraftProbsEncoding.values())
 # Packing a dense Gemma-vocabulary q (1 MiB per row) takes milliseconds: off the event loop.
 _PACK_IN_THREAD_ELEMENTS = 1 << 16
+_HEALTH_METHODS = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/"
+# A request is token ids (a context at most); a response may carry dense q: 1 MiB per draft token
+# over Gemma 3's vocabulary, so it is bounded by what the client accepts (DraftClientConfig).
+MAX_RECEIVE_BYTES = 16 << 20
+MAX_SEND_BYTES = 256 << 20
 
 # Clients ping every 30 s even when idle (coordinator/clients.py); the server must allow it or
 # it answers GOAWAY "too_many_pings" (the default minimum is 5 minutes).
 SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -56,6 +65,7 @@ class ServerConfig:
     metrics_port: int = 9465  # Prometheus /metrics on `host`; 0 picks a free port
     grace_s: float = 10.0  # after SIGTERM, in-flight calls get this long to finish
     drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing calls, so balancers move first
+    auth_token: str | None = field(default=None, repr=False)  # calls must carry it (Bearer); None: no check
     draft: DraftConfig = field(default_factory=DraftConfig)
 
 
@@ -137,18 +147,48 @@ async def _response_to_proto(result: ProposeResult, encoding: int) -> draft_pb2.
     return response
 
 
+class _TokenAuth(grpc.aio.ServerInterceptor):
+    """Refuses every call but health checks unless its metadata has `authorization: Bearer <token>`."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or details.method.startswith(_HEALTH_METHODS):
+            return handler
+        given = next((value for key, value in details.invocation_metadata or () if key == "authorization"), "")
+        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, self._expected):  # no timing hint
+            return handler
+
+        async def refuse(request, context: grpc.aio.ServicerContext):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        # The refusal takes the handler's shape; its request stays unparsed bytes.
+        if handler.request_streaming and handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        if handler.request_streaming:
+            return grpc.stream_unary_rpc_method_handler(refuse)
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
 class DraftServer:
     """DraftService, health and reflection on one port. Start it, then `set_core` once the model
-    is loaded (health turns SERVING); `begin_drain` then `stop` to shut down gracefully."""
+    is loaded (health turns SERVING); `begin_drain` then `stop` to shut down gracefully. With an
+    `auth_token`, every call but health checks must carry it."""
 
-    def __init__(self, core: DraftCore | None = None):
+    def __init__(self, core: DraftCore | None = None, auth_token: str | None = None):
         self.servicer = DraftServicer()
         self.health = health_aio.HealthServicer()
         # A server span per DraftService call, joined to the caller's trace through the gRPC
         # metadata. Only DraftService: the interceptor takes every streaming handler for an async
         # generator, and Health.Watch is not one (it broke Watch, measured).
-        interceptor = aio_server_interceptor(filter_=filters.service_name(SERVICE_NAME))
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[interceptor])
+        interceptors = [aio_server_interceptor(filter_=filters.service_name(SERVICE_NAME))]
+        if auth_token:
+            interceptors.insert(0, _TokenAuth(auth_token))  # first: a refused call opens no span
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self.server)
@@ -204,7 +244,7 @@ def load_core(config: ServerConfig) -> DraftCore:
 async def serve(config: ServerConfig, on_listening: Callable[[int, int], None] = lambda port, metrics_port: None) -> None:
     """Serve until SIGTERM or SIGINT, then drain: NOT_SERVING, `drain_delay_s`, finish in-flight calls."""
     metrics_server = MetricsServer(config.host, config.metrics_port)
-    server = DraftServer()
+    server = DraftServer(auth_token=config.auth_token)
     port = await server.start(config.host, config.port)
     on_listening(port, metrics_server.port)
     stop = asyncio.Event()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, replace
@@ -98,6 +99,8 @@ class DraftStats:
     batched_calls: int = 0  # calls served by those steps
     max_batch_size: int = 0
     expired: int = 0  # calls dropped unstarted: deadline passed while queued
+    peak_sessions: int = 0  # most sessions held after any call (bounded by max_sessions)
+    peak_cached_tokens: int = 0  # most token positions held after any call (bounded by max_cached_tokens)
 
 
 @dataclass
@@ -117,6 +120,7 @@ class DraftCore:
             config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=_positions, clock=clock
         )
         self.stats = DraftStats()
+        _export_store(self.store)
         self.ngram: NgramDrafter | None = None
         self.model: ModelDrafter | None = None
         if loaded is None:
@@ -185,8 +189,8 @@ class DraftCore:
         self._gauges()
 
     def _gauges(self) -> None:
-        metrics.SESSIONS.set(len(self.store))
-        metrics.CACHE_TOKENS.set(self.store.total_tokens)
+        self.stats.peak_sessions = max(self.stats.peak_sessions, len(self.store))
+        self.stats.peak_cached_tokens = max(self.stats.peak_cached_tokens, self.store.total_tokens)
         metrics.QUEUE_DEPTH.set(len(self._queue))
 
     async def close(self) -> None:
@@ -280,6 +284,23 @@ class DraftCore:
         if session is not None:
             session.cache = None
             self.store.resize(session_id)
+
+
+def _export_store(store: SessionStore) -> None:
+    """The sessions and cached-tokens gauges read the store when scraped, not when a call last
+    ran: a replica whose coordinator died gets no more calls, and a scrape is then what expires
+    its sessions by TTL and shows them gone (a pushed value kept them on the dashboard forever)."""
+    ref = weakref.ref(store)  # the gauge must not keep a closed core's store alive
+
+    def held(what: str) -> int:
+        current = ref()
+        if current is None:
+            return 0
+        sessions = len(current)  # expires what outlived its TTL
+        return sessions if what == "sessions" else current.total_tokens
+
+    metrics.SESSIONS.set_function(lambda: held("sessions"))
+    metrics.CACHE_TOKENS.set_function(lambda: held("tokens"))
 
 
 class _CacheView(MutableMapping[str, "SequenceCache"]):

@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.kv_cache import SequenceCache, new_cache
+from specdec.projection import forward_logits
 
 
 def batched_forward(
@@ -61,9 +62,9 @@ def _forward(
     """One forward pass over `items` (the layout in the module docstring)."""
     if len(items) == 1:
         (session, new_tokens), keep = items[0], logits_to_keep[0]
-        out = model(input_ids=torch.tensor([list(new_tokens)]), cache=session.cache, use_cache=True, logits_to_keep=keep)
+        logits = forward_logits(model, keep, input_ids=torch.tensor([list(new_tokens)]), cache=session.cache, use_cache=True)
         session.tokens.extend(new_tokens)
-        return [out.logits[0]]  # (keep, vocab)
+        return [logits[0]]  # (keep, vocab)
 
     cached = [len(session.tokens) for session, _ in items]  # c_i
     news = [list(tokens) for _, tokens in items]  # n_i tokens each
@@ -80,13 +81,14 @@ def _forward(
         _gather(layer, [session.cache.layers[index] for session, _ in items], cached)
     # Keep only positions some row needs on the vocabulary (a prefill row needs just its last).
     wanted = sorted({p for new, keep in zip(news, logits_to_keep) for p in range(len(new) - keep, len(new))})
-    out = model(
+    logits = forward_logits(
+        model,
+        torch.tensor(wanted),
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
         cache=batch,
         use_cache=True,
-        logits_to_keep=torch.tensor(wanted),
     )
     column = {p: j for j, p in enumerate(wanted)}
     results = []
@@ -95,7 +97,7 @@ def _forward(
             _scatter(layer, session.cache.layers[index], i, cached[i], len(new), N)
         session.tokens.extend(new)
         rows = [column[p] for p in range(len(new) - keep, len(new))]
-        results.append(out.logits[i, rows])  # (keep, vocab)
+        results.append(logits[i, rows])  # (keep, vocab)
     return results
 
 

@@ -39,6 +39,7 @@ def _generate_parser(sub) -> None:
     p.add_argument("--address", default=DEFAULT_ADDRESS, help=f"the coordinator's host:port (default {DEFAULT_ADDRESS})")
     p.add_argument("--stream", action="store_true", help="print the text as it is generated (GenerateStream)")
     p.add_argument("--timeout", type=float, default=None, help="deadline of the call in seconds (default: none)")
+    p.add_argument("--tls-ca", default=None, help="PEM file of the CA that signed the coordinator's certificate: call over TLS (default: plaintext)")
     p.add_argument("--in-process", action="store_true", help="run draft, target and engine in this process")
     _add_model_flags(p, scope="; --in-process only")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -65,6 +66,8 @@ def _stack_parser(sub, name: str, help_text: str, port: int) -> argparse.Argumen
     p.add_argument("--default-draft-tokens", type=int, default=4, help="k for requests that leave it unset")
     p.add_argument("--max-inflight", type=int, default=64, help="requests generating at once; more get RESOURCE_EXHAUSTED")
     p.add_argument("--pipeline", choices=("on", "off"), default="on", help="'on' (default): draft round r+1 while round r is verified")
+    p.add_argument("--adaptive", choices=("on", "off"), default="on", help="'on' (default): each round's k from acceptance and measured costs, at most the request's max")
+    p.add_argument("--speculation-max-running", type=int, default=0, help="with more requests generating than this, no drafts (target saturated); 0 (default): never")
     return p
 
 
@@ -109,7 +112,16 @@ def _cmd_generate(args) -> int:
             print(f"invalid argument: {name}: must be >= 0", file=sys.stderr)
             return 2
     if not args.in_process:
-        return asyncio.run(call_coordinator(args.address, _request_proto(args), stream=args.stream, as_json=args.json, timeout_s=args.timeout))
+        tls_ca = None
+        if args.tls_ca:
+            from pathlib import Path
+
+            try:
+                tls_ca = Path(args.tls_ca).read_bytes()
+            except OSError as e:
+                print(f"specdec generate: --tls-ca: {e}", file=sys.stderr)
+                return 2
+        return asyncio.run(call_coordinator(args.address, _request_proto(args), stream=args.stream, as_json=args.json, timeout_s=args.timeout, tls_ca=tls_ca))
     from google.protobuf import json_format
 
     from coordinator.convert import request_from_proto, response_to_proto
@@ -134,9 +146,10 @@ def _cmd_generate(args) -> int:
     return 0
 
 
-async def call_coordinator(address: str, request, *, stream: bool, as_json: bool = False, timeout_s: float | None = None, summary_file=None) -> int:
+async def call_coordinator(address: str, request, *, stream: bool, as_json: bool = False, timeout_s: float | None = None, summary_file=None, tls_ca: bytes | None = None) -> int:
     """Send `request` (a GenerateRequest) to the coordinator at `address` and print the text (as
-    it arrives when `stream`), then the statistics and the trace id to `summary_file` (stderr)."""
+    it arrives when `stream`), then the statistics and the trace id to `summary_file` (stderr).
+    `tls_ca` (PEM): call over TLS, trusting that CA."""
     import grpc
     from google.protobuf import json_format
 
@@ -146,7 +159,11 @@ async def call_coordinator(address: str, request, *, stream: bool, as_json: bool
     summary_file = summary_file or sys.stderr
     start = time.perf_counter()
     first_token_s = None
-    async with grpc.aio.insecure_channel(address) as channel:
+    if tls_ca is None:
+        channel = grpc.aio.insecure_channel(address)
+    else:
+        channel = grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca))
+    async with channel:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
         try:
             if stream:
@@ -215,7 +232,7 @@ def _stack_config(args):
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,
         server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight),
-        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=args.pipeline == "on"),
+        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=args.pipeline == "on", adaptive=args.adaptive == "on", speculation_max_running=max(args.speculation_max_running, 0)),
     )
 
 

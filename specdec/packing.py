@@ -24,6 +24,13 @@ from specdec.v1.common_pb2 import (
 _SPARSE_BYTES_PER_NONZERO = 8  # int32 index + fp32 value
 _DENSE_DTYPES = {DRAFT_PROBS_ENCODING_DENSE_FP32: "<f4", DRAFT_PROBS_ENCODING_DENSE_FP16: "<f2"}
 _FIELD = "draft_probs"
+# The largest q (rows x vocab) a receiver builds: 256 MiB of fp32, what the draft client accepts
+# in one message. A sparse message names its shape in two integers, so without this bound a few
+# bytes could ask for terabytes.
+MAX_ELEMENTS = 1 << 26
+# Rows are distributions: a float32 softmax sums to 1 within ~1e-6, so this only refuses garbage
+# (the acceptance rule reads q as it comes, unnormalized).
+_MASS_TOLERANCE = 1e-2
 
 
 def choose_encoding(q: torch.Tensor) -> int:
@@ -57,8 +64,9 @@ def pack_probs(q: torch.Tensor, encoding: int = DRAFT_PROBS_ENCODING_UNSPECIFIED
 
 
 def unpack_probs(msg: DraftProbs, *, num_tokens: int | None = None, vocab_size: int | None = None) -> torch.Tensor:
-    """DraftProbs -> (k, vocab) fp32. Every inconsistency is an InvalidArgument naming the field,
-    because these bytes come off the network."""
+    """DraftProbs -> (k, vocab) fp32 rows that are distributions (finite, >= 0, summing to 1).
+    Anything else raises InvalidArgument naming the field, and only that, because these bytes
+    come off the network."""
     k, vocab = msg.num_tokens, msg.vocab_size
     if num_tokens is not None and k != num_tokens:
         raise InvalidArgument(f"{_FIELD}.num_tokens", f"is {k}, expected {num_tokens}")
@@ -66,6 +74,8 @@ def unpack_probs(msg: DraftProbs, *, num_tokens: int | None = None, vocab_size: 
         raise InvalidArgument(f"{_FIELD}.vocab_size", f"is {vocab}, expected {vocab_size}")
     if vocab == 0:
         raise InvalidArgument(f"{_FIELD}.vocab_size", "must be > 0")
+    if k * vocab > MAX_ELEMENTS:
+        raise InvalidArgument(f"{_FIELD}.num_tokens", f"{k} rows of {vocab} exceed {MAX_ELEMENTS} probabilities")
     if msg.encoding in _DENSE_DTYPES:
         dtype = np.dtype(_DENSE_DTYPES[msg.encoding])
         if len(msg.values) != k * vocab * dtype.itemsize:
@@ -87,8 +97,8 @@ def unpack_probs(msg: DraftProbs, *, num_tokens: int | None = None, vocab_size: 
         raise InvalidArgument(f"{_FIELD}.encoding", f"unknown value {msg.encoding}")
     if not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
         raise InvalidArgument(f"{_FIELD}.values", "must be finite and >= 0")
-    if k and bool((q.sum(dim=-1) <= 0).any()):
-        raise InvalidArgument(f"{_FIELD}.values", "every row needs positive mass")
+    if k and bool(((q.sum(dim=-1, dtype=torch.float64) - 1).abs() > _MASS_TOLERANCE).any()):
+        raise InvalidArgument(f"{_FIELD}.values", f"every row must sum to 1 (within {_MASS_TOLERANCE})")
     return q
 
 

@@ -14,6 +14,10 @@ import torch
 
 from specdec.errors import InvalidArgument
 
+# Below this, logits / temperature overflows float32 (to inf, then NaN probabilities: measured, a
+# temperature of 1e-38 gave token 0 at every step); vLLM draws its greedy line at the same 1e-5.
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,8 +32,8 @@ class SamplingParams:
 
     def validate(self, prefix: str = "sampling") -> None:
         t, p = self.temperature, self.top_p
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise InvalidArgument(f"{prefix}.temperature", f"must be a finite number >= 0, got {t!r}")
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 or 0 < t < MIN_TEMPERATURE:
+            raise InvalidArgument(f"{prefix}.temperature", f"must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {t!r}")
         if not isinstance(p, (int, float)) or not math.isfinite(p) or not 0.0 <= p <= 1.0:
             raise InvalidArgument(f"{prefix}.top_p", f"must be in [0, 1], got {p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:

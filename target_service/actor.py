@@ -9,6 +9,7 @@ has lost its caches: every session then answers `miss` once and is re-prefilled 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 
@@ -59,7 +60,14 @@ class TargetActor:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self.batch_sizes: list[int] = []  # forward passes so far, by batch size (for tests and bench)
+        # High-water marks, taken after every batch and every queued call (the reliability tests
+        # check them against the bounds).
+        self.peaks = {"sessions": 0, "cached_tokens": 0, "queued": 0}
         self.started_at = time.time()
+        # Read when scraped: an actor whose coordinator died gets no more calls, and a scrape
+        # then expires the sessions by TTL and shows them gone.
+        metrics.SESSIONS.set_function(lambda: len(self.verifier.sessions))
+        metrics.CACHE_TOKENS.set_function(lambda: self.verifier.sessions.total_tokens)
         # The first free port from metrics_port on: actors sharing a node count up from it.
         self.metrics = MetricsServer(config.metrics_host, config.metrics_port, search=64)
 
@@ -70,7 +78,12 @@ class TargetActor:
             "max_context": self.loaded.max_context,
             "eos_token_ids": sorted(self.loaded.eos_token_ids),
             "sessions": len(self.verifier.sessions),
+            "cached_tokens": self.verifier.sessions.total_tokens,
             "queued": len(self._queue),
+            "peaks": dict(self.peaks),
+            "max_sessions": self.config.max_sessions,
+            "max_cached_tokens": self.config.max_cached_tokens,
+            "pid": os.getpid(),
             "started_at": self.started_at,
             "batch_sizes": list(self.batch_sizes),
             "metrics_address": self.metrics.address,
@@ -82,6 +95,7 @@ class TargetActor:
             self._worker = asyncio.get_running_loop().create_task(self._drain())
         future = asyncio.get_running_loop().create_future()
         self._queue.append((request, future))
+        self.peaks["queued"] = max(self.peaks["queued"], len(self._queue))
         metrics.QUEUE_DEPTH.set(len(self._queue))
         self._wakeup.set()
         return await future
@@ -92,8 +106,8 @@ class TargetActor:
 
     def _gauges(self) -> None:
         metrics.QUEUE_DEPTH.set(len(self._queue))
-        metrics.SESSIONS.set(len(self.verifier.sessions))
-        metrics.CACHE_TOKENS.set(self.verifier.sessions.total_tokens)
+        self.peaks["sessions"] = max(self.peaks["sessions"], len(self.verifier.sessions))
+        self.peaks["cached_tokens"] = max(self.peaks["cached_tokens"], self.verifier.sessions.total_tokens)
 
     def finished_spans(self) -> list[dict]:
         """Spans this actor recorded, when configured with trace_in_memory."""

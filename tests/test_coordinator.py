@@ -86,7 +86,7 @@ class Stack:
         port = await draft.start("127.0.0.1", 0)
         client = DraftClient(f"127.0.0.1:{port}")
         # target_model None: the tokenizer comes from the model the pool reports.
-        engine = await connect_engine(client, self.pool, None, EngineConfig(max_draft_tokens=MAX_DRAFT), self.tracer)
+        engine = await connect_engine(client, self.pool, None, EngineConfig(max_draft_tokens=MAX_DRAFT, adaptive=False), self.tracer)
         server = GenerationServer(engine, ServerConfig(port=0, max_inflight=8), tracer=self.tracer)
         self.drafts[drafter], self.servers[drafter] = draft, server
         self.clients.append(client)
@@ -173,7 +173,7 @@ def test_stream_concatenates_to_generate(stack):
 def test_seeded_sampling_equals_the_in_process_engine(stack, tiny, drafter):
     request = _request(sampling=SEEDED, max_new_tokens=30, speculation=pb.SpeculationParams(max_draft_tokens=3))
     draft = tiny("llama", DRAFT_SEED) if drafter == "model" else None
-    expected = asyncio.run(build_engine(tiny("llama", TARGET_SEED), draft, EngineConfig(max_draft_tokens=MAX_DRAFT)).generate(request_from_proto(request)))
+    expected = asyncio.run(build_engine(tiny("llama", TARGET_SEED), draft, EngineConfig(max_draft_tokens=MAX_DRAFT, adaptive=False)).generate(request_from_proto(request)))
     with grpc.insecure_channel(stack.addresses[drafter]) as channel:
         response = generation_pb2_grpc.GenerationServiceStub(channel).Generate(request, timeout=60)
     assert list(response.token_ids) == expected.token_ids and response.text == expected.text

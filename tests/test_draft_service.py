@@ -83,7 +83,7 @@ def gate(core: DraftCore) -> tuple[threading.Event, threading.Event]:
 
 # Pipelining off: these tests count Propose calls and misses per round, which speculative
 # next-round calls would blur (pipelining has its own tests in test_pipeline_fallback.py).
-CONFIG = EngineConfig(max_draft_tokens=8, pipeline=False)
+CONFIG = EngineConfig(max_draft_tokens=8, pipeline=False, adaptive=False)
 
 
 def _engine(proposer, target) -> SpeculativeEngine:

@@ -9,13 +9,13 @@ import math
 
 import pytest
 
-from conftest import TINY_KINDS
 from coordinator.engine import EngineConfig, FinishReason, GenerationRequest, SpeculativeEngine
 from coordinator.local import LocalModelProposer, LocalNgramProposer, LocalVerifier
 from draft_service.model_drafter import ModelDrafter
 from reference import target_only
 from specdec.errors import InvalidArgument
 from specdec.sampling import SamplingParams
+from specdec.tiny import KINDS as TINY_KINDS  # not `from conftest`: tests/reliability/ has a conftest of its own
 from target_service.verifier import TargetVerifier
 
 # Repeats give the n-gram drafter something to match; random ids elsewhere keep it honest.
@@ -32,7 +32,7 @@ def _engine(tiny, kind: str, drafter: str, target=None) -> SpeculativeEngine:
         proposer = LocalNgramProposer()
     else:
         proposer = LocalModelProposer(ModelDrafter(target if drafter == "self" else tiny(kind, DRAFT_SEED)))
-    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, EngineConfig(max_draft_tokens=8))
+    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, EngineConfig(max_draft_tokens=8, adaptive=False))
 
 
 def _generate(engine: SpeculativeEngine, **fields):
@@ -179,7 +179,7 @@ def test_stats_split_the_time_between_draft_verify_and_coordinator(tiny):
             await asyncio.sleep(0.02)
             return await super().propose(*args)
 
-    config = EngineConfig(max_draft_tokens=8, pipeline=False)
+    config = EngineConfig(max_draft_tokens=8, pipeline=False, adaptive=False)
     engine = SpeculativeEngine(SlowNgram(), LocalVerifier(TargetVerifier(target)), target, config)
     stats = _generate(engine, prompt_token_ids=PROMPT, max_new_tokens=NEW_TOKENS).stats
     speculative_rounds = stats.rounds - stats.non_speculative_rounds
@@ -187,3 +187,16 @@ def test_stats_split_the_time_between_draft_verify_and_coordinator(tiny):
     assert stats.draft_wait_s >= 0.02 * speculative_rounds
     assert stats.verify_wait_s > 0
     assert stats.draft_wait_s + stats.verify_wait_s <= stats.seconds
+
+
+def test_drafts_outside_the_vocabulary_are_dropped_not_sent_to_the_target(tiny, references):
+    target = tiny("llama", TARGET_SEED)
+
+    class OtherVocabulary(LocalNgramProposer):
+        async def propose(self, session_id, tokens, k, sampling):
+            return dataclasses.replace(await super().propose(session_id, tokens, k, sampling), token_ids=[target.vocab_size + 5] * k)
+
+    engine = SpeculativeEngine(OtherVocabulary(), LocalVerifier(TargetVerifier(target)), target, EngineConfig(max_draft_tokens=8, adaptive=False))
+    result = _generate(engine, prompt_token_ids=PROMPT, max_new_tokens=NEW_TOKENS, max_draft_tokens=4)
+    assert result.token_ids == references("llama")
+    assert result.stats.draft_tokens == 0 and result.stats.non_speculative_rounds == result.stats.rounds

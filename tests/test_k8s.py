@@ -61,6 +61,10 @@ ENV_POLICY: dict[str, tuple[str, ...] | str] = {
     "SPECDEC_TRACE_FILE": "default: the local span file of `specdec up`; in a cluster spans go over OTLP",
     "RAY_AUTH_MODE": RAY_ROLES,
     "RAY_AUTH_TOKEN": RAY_ROLES,  # from a Secret (checked)
+    "SPECDEC_COORDINATOR_TLS_CERT": "default: unset serves plaintext; in-cluster traffic stays in the cluster (TLS is for a port exposed outside it)",
+    "SPECDEC_COORDINATOR_TLS_KEY": "default: goes with SPECDEC_COORDINATOR_TLS_CERT",
+    "SPECDEC_DRAFT_AUTH_TOKEN": "default: unset leaves the draft port open to the cluster network; set it from a Secret to require a token",
+    "SPECDEC_COORDINATOR_DRAFT_AUTH_TOKEN": "default: goes with SPECDEC_DRAFT_AUTH_TOKEN (the same Secret)",
 }
 # Names read directly (os.environ.get("X")), and names kept in constants (X_ENV = "SPECDEC_X").
 _ENV_READ = re.compile(r"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[(\[]|getenv\s*\()\s*["']([A-Z][A-Z0-9_]+)["']""")

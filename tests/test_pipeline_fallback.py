@@ -27,7 +27,7 @@ def _engine(tiny, drafter: str, **config) -> SpeculativeEngine:
         "self": lambda: LocalModelProposer(ModelDrafter(target)),
         "model": lambda: LocalModelProposer(ModelDrafter(tiny("llama", 2))),
     }[drafter]()
-    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, EngineConfig(**config))
+    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, EngineConfig(adaptive=False, **config))
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "self", "model"])
@@ -66,7 +66,7 @@ def test_failing_and_slow_drafts_fall_back_without_changing_tokens(tiny, samplin
     target = tiny("llama", 1)
     expected = target_only(target.model, PROMPT, 30, target.eos_token_ids, sampling)
     flaky = _Flaky(LocalNgramProposer(), fail={2, 3}, stall={5}, stall_s=5.0)
-    engine = SpeculativeEngine(flaky, LocalVerifier(TargetVerifier(target)), target, EngineConfig(draft_timeout_s=0.2, draft_retry_s=0.0))
+    engine = SpeculativeEngine(flaky, LocalVerifier(TargetVerifier(target)), target, EngineConfig(draft_timeout_s=0.2, draft_retry_s=0.0, adaptive=False))
     request = GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=30, sampling=sampling, max_draft_tokens=3)
     result = asyncio.run(asyncio.wait_for(engine.generate(request), 30))
     assert result.token_ids == expected
@@ -83,7 +83,7 @@ def test_draft_server_killed_and_restarted_mid_stream(tiny):
         first = DraftServer(DraftCore(target))  # the target drafts for itself: every draft accepted
         port = await first.start("127.0.0.1", 0)
         client = DraftClient(f"127.0.0.1:{port}", DraftClientConfig(timeout_s=2.0, reconnect_backoff_s=(0.05, 0.2)))
-        engine = SpeculativeEngine(client, LocalVerifier(TargetVerifier(target)), target, EngineConfig(draft_timeout_s=2.0, draft_retry_s=0.0))
+        engine = SpeculativeEngine(client, LocalVerifier(TargetVerifier(target)), target, EngineConfig(draft_timeout_s=2.0, draft_retry_s=0.0, adaptive=False))
         stream = engine.stream(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=60, max_draft_tokens=2))
         tokens, second = [], None
         async for index, delta in _enumerate(stream):

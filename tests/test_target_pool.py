@@ -41,7 +41,7 @@ def pool_factory(ray_local, tiny_dir):
 def _engines(tiny, pool, drafter: str):
     target = tiny("llama", 1)
     proposer = LocalNgramProposer() if drafter == "ngram" else LocalModelProposer(ModelDrafter(tiny("llama", 2)))
-    config = EngineConfig(max_draft_tokens=8)
+    config = EngineConfig(max_draft_tokens=8, adaptive=False)
     remote = SpeculativeEngine(proposer, pool, target, config)
     local = SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
     return remote, local

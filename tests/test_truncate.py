@@ -31,7 +31,7 @@ def test_first_layers_are_the_targets_and_greedy_is_unchanged(tiny_dir, tmp_path
         assert torch.equal(weight, target_weights[name]), name  # every kept weight is the target's
     assert not any(".layers.1." in name for name in draft.model.state_dict())
 
-    engine = build_engine(target, draft, EngineConfig(max_draft_tokens=8))
+    engine = build_engine(target, draft, EngineConfig(max_draft_tokens=8, adaptive=False))
     result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=24, max_draft_tokens=4)))
     assert result.stats.draft_tokens > 0
     assert result.token_ids == target_only(target.model, PROMPT, 24, target.eos_token_ids)

@@ -1,0 +1,141 @@
+"""Adaptive draft length: the Leviathan et al. choice of k from acceptance and measured costs,
+its cost model, and the engine using it (and turning speculation off under load) without
+changing a single output token."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import replace
+
+import pytest
+
+from coordinator.adaptive import Acceptance, CostModel, best_k, expected_tokens, ideal_speedup
+from coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
+from coordinator.local import LocalModelProposer, LocalVerifier
+from draft_service.model_drafter import ModelDrafter
+from reference import target_only
+from specdec.acceptance import DraftProposal
+from target_service.verifier import TargetVerifier
+
+PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17]
+
+
+def test_expected_tokens_is_the_truncated_geometric_sum():
+    assert expected_tokens(0.0, 8) == 1.0
+    assert expected_tokens(1.0, 8) == 9.0
+    assert math.isclose(expected_tokens(0.5, 2), 1 + 0.5 + 0.25)
+    assert math.isclose(ideal_speedup(0.5, 2, cost_ratio=0.0), 1.75)
+    assert math.isclose(ideal_speedup(0.5, 2, cost_ratio=0.1, verify_ratio=1.2), 1.75 / 1.4)
+
+
+def cpu_like(flat: bool = False, draft_s: float = 0.0) -> CostModel:
+    """Verify costs as measured for Gemma 3 270M on 2 cores (bench/README.md): 115 ms for one
+    position, a jump to about 160 ms for two (the output projection changes kernels), then
+    about 12 ms per position up to 259 ms for nine. `flat`: a GPU, where positions are free."""
+    costs = CostModel()
+    for n in range(1, 10):
+        costs.observe_verify(n, 0.115 if flat or n == 1 else 0.160 + 0.0124 * (n - 2))
+    costs.observe_draft(1, draft_s)
+    return costs
+
+
+def test_best_k_backs_off_on_free_text_and_drafts_long_on_copies():
+    costs = cpu_like()
+    assert best_k(0.24, costs, 8) == 0  # n-gram drafts on free text: every draft costs more than it brings
+    assert best_k(0.95, costs, 8) == 8  # copying: the longest draft wins
+    assert 0 < best_k(0.6, costs, 8) < 8
+    flat = cpu_like(flat=True)  # a GPU: extra positions are nearly free, so draft as far as allowed
+    assert best_k(0.24, flat, 8) >= 3  # (beyond, alpha^k adds under 0.1%: a near tie goes to the shorter draft)
+    assert best_k(0.9, flat, 8) == 8
+    assert best_k(0.95, cpu_like(draft_s=1.0), 8) == 0  # a draft that costs more than a target step never pays
+    assert best_k(0.95, costs, 3) == 3  # the request's bound holds
+
+
+def test_cost_model_interpolates_and_extrapolates_unseen_lengths():
+    costs = CostModel(prior_slope=0.1)
+    assert costs.verify(1) == 1.0 and math.isclose(costs.verify(9), 1.8)  # no measurement: the prior's ratios
+    costs.observe_verify(1, 0.1)
+    costs.observe_verify(9, 0.3)
+    assert math.isclose(costs.verify(5), 0.2)  # between two measured lengths: the line through them
+    costs.observe_verify(9, 0.4)  # load: the newest measurement moves the mean by `weight`
+    assert math.isclose(costs.verify(9), 0.32)
+    assert math.isclose(costs.verify(13), 0.32 * (1 + 1.2) / (1 + 0.8))  # beyond: the prior slope from the nearest
+
+
+def test_acceptance_counts_the_positions_the_target_judged():
+    a = Acceptance(decay=1.0, accepted=0.0, tested=0.0)
+    a.observe(4, 2)  # two accepted, the third rejected, the fourth never judged
+    a.observe(3, 3)  # all accepted
+    a.observe(0, 0)  # no drafts: no information
+    assert a.tested == 6 and a.accepted == 5
+
+
+class CountingVerifier(LocalVerifier):
+    """A verifier whose pass costs grow with its positions, as a CPU's do, and that records them."""
+
+    def __init__(self, verifier, per_position_s: float):
+        super().__init__(verifier)
+        self.per_position_s = per_position_s
+        self.positions: list[int] = []
+
+    async def verify(self, session_id, tokens, proposal, sampling):
+        self.positions.append(len(proposal.token_ids) + 1)
+        await asyncio.sleep(0.004 + self.per_position_s * len(proposal.token_ids))
+        return await super().verify(session_id, tokens, proposal, sampling)
+
+
+class WrongDrafter:
+    """Always proposes tokens the target will not pick (its own argmax shifted by one id)."""
+
+    def __init__(self, drafter: ModelDrafter):
+        self.inner = LocalModelProposer(drafter)
+
+    async def propose(self, session_id, tokens, k, sampling):
+        proposal = await self.inner.propose(session_id, tokens, k, sampling)
+        return DraftProposal([(t + 1) % 50 for t in proposal.token_ids])
+
+    async def end_session(self, session_id):
+        await self.inner.end_session(session_id)
+
+
+def test_adaptive_engine_stops_drafting_what_is_rejected_and_keeps_the_output(tiny):
+    target = tiny("llama", 1)
+    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.003)
+    engine = SpeculativeEngine(WrongDrafter(ModelDrafter(target)), verifier, target, EngineConfig(max_draft_tokens=8, pipeline=False))
+    result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=40, max_draft_tokens=8)))
+    assert result.token_ids == target_only(target.model, PROMPT, 40, target.eos_token_ids)[: len(result.token_ids)]
+    drafted = [n - 1 for n in verifier.positions]
+    assert drafted[0] > 0  # the prior (alpha 0.5) drafts
+    later = drafted[len(drafted) // 2 :]
+    assert max(later) <= 1 and later.count(0) >= len(later) - len(later) // 8 - 1  # k = 0, a 1-token probe every 8 rounds
+    assert result.stats.accepted_tokens == 0
+
+
+def test_adaptive_engine_keeps_long_drafts_when_they_are_accepted(tiny):
+    target = tiny("llama", 1)
+    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.003)
+    engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, EngineConfig(max_draft_tokens=8, pipeline=False))
+    result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=40, max_draft_tokens=8)))
+    assert result.token_ids == target_only(target.model, PROMPT, 40, target.eos_token_ids)[: len(result.token_ids)]
+    assert result.stats.acceptance_rate == 1.0
+    # The self-draft is always right: drafts stay long (how long trades the draft's own measured
+    # cost against the verify's), so 40 tokens take a handful of rounds, not 40.
+    drafted = [n - 1 for n in verifier.positions[1:-1]]
+    assert sum(drafted) / len(drafted) >= 4 and len(verifier.positions) <= 12
+
+
+def test_speculation_turns_off_under_load_and_comes_back(tiny):
+    target = tiny("llama", 1)
+    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.0)
+    config = EngineConfig(max_draft_tokens=8, pipeline=False, speculation_max_running=2)
+    engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, config)
+    request = GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=24, max_draft_tokens=4)
+    alone = asyncio.run(engine.generate(request))
+    assert alone.stats.draft_tokens > 0
+    engine.running = 2  # two others generating: with this request, three > 2
+    loaded = asyncio.run(engine.generate(request))
+    assert loaded.token_ids == alone.token_ids
+    assert loaded.stats.draft_tokens == 0 and loaded.stats.non_speculative_rounds == loaded.stats.rounds == 24
+    engine.running = 0  # load gone: speculation back
+    assert asyncio.run(engine.generate(request)).stats.draft_tokens > 0
