@@ -7,7 +7,8 @@ UNAVAILABLE when the target tier cannot answer (a failing draft tier only turns 
 the engine's fallback). Bytes that do not parse as the request are INVALID_ARGUMENT too (naming
 the string field that is not UTF-8, when that is why), and a request over `MAX_MESSAGE_BYTES`
 is RESOURCE_EXHAUSTED from grpc itself. A client that cancels cancels the engine, whose `finally`
-ends the request's sessions on both tiers before the handler returns. Each call is one server
+ends the request's sessions on both tiers (the draft tier's within `draft_timeout_s`; a draft tier
+slower than that ends it shortly after, or its TTL does). Each call is one server
 span; its trace id (32 lowercase hex) is on every response. The standard health service says
 SERVING while the server runs and NOT_SERVING from the start of a stop; reflection lists
 GenerationService and Health.
