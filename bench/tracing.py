@@ -82,7 +82,6 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
     stack_config = StackConfig(target_model=args.target_model, draft_model=args.drafter, pool_name=POOL, trace_file=str(trace_file), metrics_port=0, server=ServerConfig(port=0), engine=config)
     seconds: dict[str, dict[str, list[float]]] = {label: {arm: [] for arm in ARMS} for label, _ in prompts}
     tokens: dict[str, int] = {}
-    trace_ids: dict[str, list[str]] = {arm: [] for arm in ARMS}
     async with LocalStack(stack_config) as stack:
         pool = TargetPool(PoolConfig(prefix=POOL, namespace=stack_config.namespace))
         remote = (await connect_engine(stack.draft, pool, args.target_model, config)).target

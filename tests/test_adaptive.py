@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import replace
 
-import pytest
 
 from coordinator.adaptive import Acceptance, CostModel, best_k, expected_tokens, ideal_speedup
 from coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import threading
 import time
 from contextlib import contextmanager
 
@@ -29,6 +28,7 @@ from coordinator.stack import connect_engine
 from draft_service.server import DraftServer
 from draft_service.service import DraftCore
 from reference import target_only
+from loop_thread import LoopThread
 from specdec.cli import main
 from specdec.v1 import common_pb2, generation_pb2_grpc
 from specdec.v1 import generation_pb2 as pb
@@ -42,28 +42,11 @@ MAX_DRAFT = 8
 SEEDED = common_pb2.SamplingParams(temperature=0.75, top_k=50, top_p=0.875, seed=1234)  # exact in float32
 
 
-class Loop:
-    """An event loop in a thread: the servers live there for the module, tests call from here."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout_s: float = 60.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
 class Stack:
     """Draft servers (n-gram and a tiny draft model), one target actor, and a coordinator per drafter."""
 
     def __init__(self, tiny, tiny_dir):
-        self.loop = Loop()
+        self.loop = LoopThread()
         self.spans = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.spans))
@@ -272,7 +255,7 @@ class _GatedEngine:
 
 
 def test_beyond_max_inflight_is_resource_exhausted():
-    loop = Loop()
+    loop = LoopThread()
     engine = _GatedEngine()
 
     async def start():

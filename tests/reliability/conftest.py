@@ -8,9 +8,7 @@ tests call them with plain blocking grpc.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import threading
 from dataclasses import dataclass, field
 
 import grpc
@@ -21,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from loop_thread import LoopThread
 from coordinator.clients import DraftClient, DraftClientConfig
 from coordinator.engine import EngineConfig, SpeculativeEngine
 from coordinator.server import GenerationServer, ServerConfig
@@ -35,23 +34,6 @@ NAMESPACE = "specdec-test"  # the ray_local fixture's
 TARGET_SEED = 1  # tests/test_engine.py's target: neither stalls nor never repeats
 MAX_DRAFT = 8  # the served engine's max_draft_tokens
 PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17]  # repeats: the n-gram drafter drafts
-
-
-class LoopThread:
-    """An event loop in a daemon thread: grpc.aio servers live there, tests call from here."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout_s: float = 60.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @dataclass

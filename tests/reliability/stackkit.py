@@ -28,6 +28,7 @@ import grpc
 import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loop_thread import LoopThread
 from coordinator.clients import DraftClient, DraftClientConfig
 from coordinator.engine import EngineConfig
 from coordinator.server import GenerationServer, ServerConfig
@@ -54,23 +55,6 @@ def until(condition: Callable[[], bool], timeout_s: float, what: str | Callable[
             raise AssertionError(f"{what() if callable(what) else what}: not reached in {timeout_s} s")
         time.sleep(0.02)
     return time.monotonic() - started
-
-
-class Loop:
-    """An event loop in a thread: in-process servers live there, tests call from here."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout_s: float = 120.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 # --- processes --------------------------------------------------------------------------------------
@@ -216,7 +200,7 @@ class Coordinator:
     """GenerationServer over a DraftClient and a TargetPool, on `loop`, as `specdec coordinator`
     builds it (connect_engine) but in this process so tests can look inside."""
 
-    def __init__(self, loop: Loop, draft_address: str, pool: str, engine: EngineConfig = EngineConfig(), max_inflight: int = 64,
+    def __init__(self, loop: LoopThread, draft_address: str, pool: str, engine: EngineConfig = EngineConfig(), max_inflight: int = 64,
                  draft_client: DraftClientConfig = DraftClientConfig(), pool_config: dict | None = None):  # fmt: skip
         self.loop = loop
 
@@ -406,7 +390,7 @@ class Tiers:
     tests' coordinators run over them (`Stack`)."""
 
     def __init__(self, target_model: str, pool: str, ttl_s: float, **actor):
-        self.loop = Loop()
+        self.loop = LoopThread()
         self.pool_name = pool
         self.draft_flags = ["--session-ttl", str(ttl_s)]
         self.actors, self.draft = [], None
