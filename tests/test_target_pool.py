@@ -62,7 +62,11 @@ def test_pool_gives_in_process_outputs(tiny, pool_factory, drafter):
         got = asyncio.run(_run_all(remote, requests))
         assert [g.token_ids for g in got] == expected
     info = ray.get(next(iter(pool.actors.values())).info.remote())
-    assert max(info["batch_sizes"]) > 1  # concurrent requests shared forward passes
+    if drafter == "ngram":
+        # Concurrent requests shared forward passes. (With the model drafter the in-process
+        # proposer's lock serializes the drafts, so rounds reach the actor one by one unless
+        # their verifications happen to overlap: whether they batch is timing, not behaviour.)
+        assert max(info["batch_sizes"]) > 1
     assert info["sessions"] == 0  # every finished request ended its session
 
 
