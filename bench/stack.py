@@ -35,11 +35,14 @@ import random
 import statistics
 import sys
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator
 from typing import Awaitable, Callable
 
 import grpc
 import torch
+from opentelemetry import trace
 from tqdm import tqdm
 
 from bench.prompts import WORKLOADS, workload
@@ -173,19 +176,9 @@ async def bench_drafter(drafter: str, target, encoded: list[tuple[str, str, list
     # EOS off everywhere: every method then generates exactly max_new_tokens tokens.
     single = build_engine(replace(target, eos_token_ids=frozenset()), None if spec == "ngram" else load_model(spec), config)
     stack_config = StackConfig(target_model=args.target_model, draft_model=spec, pool_name=POOL, server=ServerConfig(port=0), engine=config)
-    servers: list[GenerationServer] = []
-    channels: list[grpc.aio.Channel] = []
     async with LocalStack(stack_config) as stack:
-        pool = TargetPool(PoolConfig(prefix=POOL, namespace=stack_config.namespace))
-        remote = (await connect_engine(stack.draft, pool, args.target_model, config)).target
-        stubs = {}
-        try:
-            for name, pipeline in (("pipelined", True), ("serial", False)):
-                engine = SpeculativeEngine(stack.draft, pool, replace(remote, eos_token_ids=frozenset()), replace(config, pipeline=pipeline))
-                servers.append(GenerationServer(engine, ServerConfig(port=0)))
-                port = await servers[-1].start()
-                channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
-                stubs[name] = generation_pb2_grpc.GenerationServiceStub(channels[-1])
+        arms = {"pipelined": (replace(config, pipeline=True), None), "serial": (replace(config, pipeline=False), None)}
+        async with coordinators(stack, args.target_model, arms) as stubs:
             methods: dict[str, Method] = {
                 "single_k0": single_method(single, False, args.k),
                 "single_spec": single_method(single, True, args.k),
@@ -206,11 +199,28 @@ async def bench_drafter(drafter: str, target, encoded: list[tuple[str, str, list
                         progress.update()
                 rows.append({"drafter": drafter, "workload": name, "label": label, "prompt_tokens": len(ids), **bench_prompt(runs)})
             return rows
-        finally:
-            for channel in channels:
-                await channel.close()
-            for server in servers:
-                await server.stop(0)
+
+
+@asynccontextmanager
+async def coordinators(stack: LocalStack, target_model: str | None, arms: dict[str, tuple[EngineConfig, trace.Tracer | None]]) -> AsyncIterator[dict[str, generation_pb2_grpc.GenerationServiceStub]]:
+    """A coordinator per arm over the running stack's tiers (EOS off: every call generates
+    exactly max_new_tokens), each on a free loopback port; yields a stub per arm."""
+    pool = TargetPool(PoolConfig(prefix=stack.config.pool_name, namespace=stack.config.namespace))
+    remote = replace((await connect_engine(stack.draft, pool, target_model)).target, eos_token_ids=frozenset())
+    servers: list[GenerationServer] = []
+    channels: list[grpc.aio.Channel] = []
+    stubs = {}
+    try:
+        for name, (config, tracer) in arms.items():
+            servers.append(GenerationServer(SpeculativeEngine(stack.draft, pool, remote, config, tracer), ServerConfig(port=0), tracer=tracer))
+            channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{await servers[-1].start()}"))
+            stubs[name] = generation_pb2_grpc.GenerationServiceStub(channels[-1])
+        yield stubs
+    finally:
+        for channel in channels:
+            await channel.close()
+        for server in servers:
+            await server.stop(0)
 
 
 _HEADER = (

@@ -21,10 +21,8 @@ import random
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
-import grpc
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -33,14 +31,12 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from tqdm import tqdm
 
 from bench.prompts import WORKLOADS, workload
-from bench.stack import POOL, stack_method
-from coordinator.engine import EngineConfig, SpeculativeEngine
-from coordinator.server import GenerationServer, ServerConfig
-from coordinator.stack import LocalStack, StackConfig, connect_engine
+from bench.stack import POOL, coordinators, stack_method
+from coordinator.engine import EngineConfig
+from coordinator.server import ServerConfig
+from coordinator.stack import LocalStack, StackConfig
 from specdec.models import load_tokenizer
 from specdec.trace_file import JsonLinesSpanExporter, read_spans
-from specdec.v1 import generation_pb2_grpc
-from target_service.pool import PoolConfig, TargetPool
 
 ARMS = ("traced", "untraced")
 
@@ -83,15 +79,8 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
     seconds: dict[str, dict[str, list[float]]] = {label: {arm: [] for arm in ARMS} for label, _ in prompts}
     tokens: dict[str, int] = {}
     async with LocalStack(stack_config) as stack:
-        pool = TargetPool(PoolConfig(prefix=POOL, namespace=stack_config.namespace))
-        remote = (await connect_engine(stack.draft, pool, args.target_model, config)).target
-        servers, channels, methods = [], [], {}
-        try:
-            for arm in ARMS:
-                engine = SpeculativeEngine(stack.draft, pool, replace(remote, eos_token_ids=frozenset()), config, tracers[arm])
-                servers.append(GenerationServer(engine, ServerConfig(port=0), tracer=tracers[arm]))
-                channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{await servers[-1].start()}"))
-                methods[arm] = stack_method(generation_pb2_grpc.GenerationServiceStub(channels[-1]), True, args.k)
+        async with coordinators(stack, args.target_model, {arm: (config, tracers[arm]) for arm in ARMS}) as stubs:
+            methods = {arm: stack_method(stubs[arm], True, args.k) for arm in ARMS}
             for arm in ARMS:  # warm-up
                 await methods[arm](prompts[0][1], min(8, args.max_new_tokens))
             order = random.Random(0)
@@ -103,11 +92,6 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
                             seconds[label][arm].append(result.seconds)
                             tokens[label] = len(result.token_ids)
                             progress.update()
-        finally:
-            for channel in channels:
-                await channel.close()
-            for server in servers:
-                await server.stop(0)
     traced.force_flush()
     await asyncio.sleep(1.5)  # the draft server and the actor flush every 0.5 s
     spans = list(read_spans(trace_file))

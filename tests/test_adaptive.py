@@ -97,12 +97,19 @@ class WrongDrafter:
         await self.inner.end_session(session_id)
 
 
-def test_adaptive_engine_stops_drafting_what_is_rejected_and_keeps_the_output(tiny):
+def _adaptive_run(tiny, proposer):
+    """40 greedy tokens through an adaptive engine whose verify costs grow with positions; the
+    output must be the target's whatever k the engine picked."""
     target = tiny("llama", 1)
     verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.003)
-    engine = SpeculativeEngine(WrongDrafter(ModelDrafter(target)), verifier, target, EngineConfig(max_draft_tokens=8, pipeline=False))
+    engine = SpeculativeEngine(proposer(target), verifier, target, EngineConfig(max_draft_tokens=8, pipeline=False))
     result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=40, max_draft_tokens=8)))
     assert result.token_ids == target_only(target.model, PROMPT, 40, target.eos_token_ids)[: len(result.token_ids)]
+    return result, verifier
+
+
+def test_adaptive_engine_stops_drafting_what_is_rejected_and_keeps_the_output(tiny):
+    result, verifier = _adaptive_run(tiny, lambda target: WrongDrafter(ModelDrafter(target)))
     drafted = [n - 1 for n in verifier.positions]
     assert drafted[0] > 0  # the prior (alpha 0.5) drafts
     later = drafted[len(drafted) // 2 :]
@@ -111,11 +118,7 @@ def test_adaptive_engine_stops_drafting_what_is_rejected_and_keeps_the_output(ti
 
 
 def test_adaptive_engine_keeps_long_drafts_when_they_are_accepted(tiny):
-    target = tiny("llama", 1)
-    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.003)
-    engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, EngineConfig(max_draft_tokens=8, pipeline=False))
-    result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=40, max_draft_tokens=8)))
-    assert result.token_ids == target_only(target.model, PROMPT, 40, target.eos_token_ids)[: len(result.token_ids)]
+    result, verifier = _adaptive_run(tiny, lambda target: LocalModelProposer(ModelDrafter(target)))
     assert result.stats.acceptance_rate == 1.0
     # The self-draft is always right: drafts stay long (how long trades the draft's own measured
     # cost against the verify's), so 40 tokens take a handful of rounds, not 40.
