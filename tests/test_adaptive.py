@@ -72,14 +72,15 @@ def test_acceptance_counts_the_positions_the_target_judged():
 class CountingVerifier(LocalVerifier):
     """A verifier whose pass costs grow with its positions, as a CPU's do, and that records them."""
 
-    def __init__(self, verifier, per_position_s: float):
+    def __init__(self, verifier, per_position_s: float, base_s: float = 0.004):
         super().__init__(verifier)
         self.per_position_s = per_position_s
+        self.base_s = base_s
         self.positions: list[int] = []
 
     async def verify(self, session_id, tokens, proposal, sampling):
         self.positions.append(len(proposal.token_ids) + 1)
-        await asyncio.sleep(0.004 + self.per_position_s * len(proposal.token_ids))
+        await asyncio.sleep(self.base_s + self.per_position_s * len(proposal.token_ids))
         return await super().verify(session_id, tokens, proposal, sampling)
 
 
@@ -97,11 +98,11 @@ class WrongDrafter:
         await self.inner.end_session(session_id)
 
 
-def _adaptive_run(tiny, proposer):
+def _adaptive_run(tiny, proposer, base_s: float = 0.004):
     """40 greedy tokens through an adaptive engine whose verify costs grow with positions; the
     output must be the target's whatever k the engine picked."""
     target = tiny("llama", 1)
-    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.003)
+    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.003, base_s=base_s)
     engine = SpeculativeEngine(proposer(target), verifier, target, EngineConfig(max_draft_tokens=8, pipeline=False))
     result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=40, max_draft_tokens=8)))
     assert result.token_ids == target_only(target.model, PROMPT, 40, target.eos_token_ids)[: len(result.token_ids)]
@@ -118,7 +119,9 @@ def test_adaptive_engine_stops_drafting_what_is_rejected_and_keeps_the_output(ti
 
 
 def test_adaptive_engine_keeps_long_drafts_when_they_are_accepted(tiny):
-    result, verifier = _adaptive_run(tiny, lambda target: LocalModelProposer(ModelDrafter(target)))
+    # A target pass that costs well above the tiny draft's own steps, so that on a loaded machine
+    # the draft's measured cost still cannot make short drafts the better buy.
+    result, verifier = _adaptive_run(tiny, lambda target: LocalModelProposer(ModelDrafter(target)), base_s=0.03)
     assert result.stats.acceptance_rate == 1.0
     # The self-draft is always right: drafts stay long (how long trades the draft's own measured
     # cost against the verify's), so 40 tokens take a handful of rounds, not 40.
