@@ -6,6 +6,10 @@
   little and speculation must at least not cost much (a small model's greedy output still
   repeats itself, and the drafter looks up generated text too).
 
+The benchmark suite (bench/suite) mixes in two more kinds through `suite_workload`: edits (rename
+a stdlib function: the answer is the prompt's code with its first line changed) next to the
+rewrites, code openers next to the prose ones, and `mixed`, which alternates copy and free.
+
 Sources come from a fixed list of short stdlib functions (15-40 lines, ~150-300 Gemma tokens),
 so a run is deterministic for a given Python version and needs no data files.
 """
@@ -17,6 +21,7 @@ import inspect
 import textwrap
 
 WORKLOADS = ("copy", "free")
+SUITE_WORKLOADS = ("copy", "free", "mixed")
 
 # (module, qualified name), in the order they are used; ones outside 15-40 lines in this
 # Python's stdlib are skipped, so the choice stays deterministic per Python version.
@@ -37,6 +42,11 @@ _COPY_TEMPLATE = (
     "```python\n{source}```\n\nRewritten:\n```python\n"
 )
 
+_EDIT_TEMPLATE = (
+    "Apply this edit to the following Python function: rename it to `{new_name}` and keep everything "
+    "else unchanged.\n\n```python\n{source}```\n\nEdited:\n```python\n"
+)
+
 # Openers to continue, not instructions: the embedded Gemma 3 270M is a base model (no chat
 # template) and answers an instruction by repeating it, which would turn them into copy prompts.
 _FREE_PROMPTS = (
@@ -46,6 +56,13 @@ _FREE_PROMPTS = (
     ("bees", "Honey bees choose a new home in a surprisingly democratic way. When a colony swarms,"),
     ("lighthouse", "The old lighthouse keeper climbed the stairs one last time. At the top, he"),
     ("fibonacci", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+)
+
+# Code to continue: the body is not in the prompt.
+_FREE_CODE_PROMPTS = (
+    ("fibonacci", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+    ("stack_class", 'class Stack:\n    """A last-in, first-out stack backed by a list."""\n\n    def __init__(self):\n'),
+    ("word_count", 'import collections\n\n\ndef word_count(path):\n    """Count the words in a text file; return the ten most common."""\n'),
 )
 
 
@@ -64,6 +81,40 @@ def copy_prompts() -> list[tuple[str, str]]:
         if _MIN_LINES <= len(source.splitlines()) <= _MAX_LINES:
             prompts.append((f"{module}.{qualname}", _COPY_TEMPLATE.format(source=source)))
     return prompts
+
+
+def edit_prompts() -> list[tuple[str, str]]:
+    prompts = []
+    for module, qualname in _COPY_SOURCES:
+        source = stdlib_source(module, qualname)
+        if _MIN_LINES <= len(source.splitlines()) <= _MAX_LINES:
+            new_name = qualname.rsplit(".", 1)[-1].lstrip("_") + "_v2"
+            prompts.append((f"edit:{module}.{qualname}", _EDIT_TEMPLATE.format(source=source, new_name=new_name)))
+    return prompts
+
+
+def _interleave(*lists: list) -> list:
+    out = []
+    for i in range(max(map(len, lists))):
+        out += [items[i] for items in lists if i < len(items)]
+    return out
+
+
+def suite_workload(name: str, n: int) -> list[tuple[str, str]]:
+    """The first n (label, prompt) pairs of the suite's workload `name`: copy = stdlib rewrites and
+    edits taken in turn (each function once), free = prose and code openers in turn, mixed =
+    copy and free in turn."""
+    rewrites = copy_prompts()
+    edits = edit_prompts()
+    # An edit of a function already rewritten would be half a repeat: each function once.
+    copy = _interleave(rewrites[0::2], edits[1::2])
+    free = _interleave(list(_FREE_PROMPTS[:-1]), list(_FREE_CODE_PROMPTS))
+    prompts = {"copy": copy, "free": free, "mixed": _interleave(copy, free)}.get(name)
+    if prompts is None:
+        raise ValueError(f"unknown workload {name!r}; expected one of {SUITE_WORKLOADS}")
+    if not 1 <= n <= len(prompts):
+        raise ValueError(f"workload {name!r} has {len(prompts)} prompts, asked for {n}")
+    return prompts[:n]
 
 
 def workload(name: str, n: int) -> list[tuple[str, str]]:

@@ -47,6 +47,7 @@ from tqdm import tqdm
 
 from bench.prompts import WORKLOADS, workload
 from bench.single_process import _git_commit
+from coordinator.clients import DraftClient
 from coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from coordinator.local import build_engine
 from coordinator.server import GenerationServer, ServerConfig
@@ -202,9 +203,12 @@ async def bench_drafter(drafter: str, target, encoded: list[tuple[str, str, list
 
 
 @asynccontextmanager
-async def coordinators(stack: LocalStack, target_model: str | None, arms: dict[str, tuple[EngineConfig, trace.Tracer | None]]) -> AsyncIterator[dict[str, generation_pb2_grpc.GenerationServiceStub]]:
+async def coordinators(
+    stack: LocalStack, target_model: str | None, arms: dict[str, tuple[EngineConfig, trace.Tracer | None]], drafts: dict[str, DraftClient] | None = None
+) -> AsyncIterator[dict[str, generation_pb2_grpc.GenerationServiceStub]]:
     """A coordinator per arm over the running stack's tiers (EOS off: every call generates
-    exactly max_new_tokens), each on a free loopback port; yields a stub per arm."""
+    exactly max_new_tokens), each on a free loopback port; yields a stub per arm. An arm named
+    in `drafts` uses that draft tier instead of the stack's."""
     pool = TargetPool(PoolConfig(prefix=stack.config.pool_name, namespace=stack.config.namespace))
     remote = replace((await connect_engine(stack.draft, pool, target_model)).target, eos_token_ids=frozenset())
     servers: list[GenerationServer] = []
@@ -212,7 +216,8 @@ async def coordinators(stack: LocalStack, target_model: str | None, arms: dict[s
     stubs = {}
     try:
         for name, (config, tracer) in arms.items():
-            servers.append(GenerationServer(SpeculativeEngine(stack.draft, pool, remote, config, tracer), ServerConfig(port=0), tracer=tracer))
+            draft = (drafts or {}).get(name, stack.draft)
+            servers.append(GenerationServer(SpeculativeEngine(draft, pool, remote, config, tracer), ServerConfig(port=0), tracer=tracer))
             channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{await servers[-1].start()}"))
             stubs[name] = generation_pb2_grpc.GenerationServiceStub(channels[-1])
         yield stubs

@@ -76,6 +76,11 @@ class EngineConfig:
     # Load awareness: with more than this many requests generating, rounds run without drafts
     # (the target tier is saturated: a rejected draft costs another request's verify time). 0: never.
     speculation_max_running: int = 0
+    # Load awareness, gradual: the target positions one batched pass should verify for all
+    # generating requests together; each request drafts at most budget // running - 1 tokens, so
+    # drafts shrink as load grows and stop when every request's share is one position (on a CPU,
+    # a pass costs about linearly in its positions beyond a few; a GPU affords a far larger budget). 0: no budget.
+    speculation_token_budget: int = 0
     # Every round searches the new text for each stop string and holds back any tail that could
     # begin one (coordinator/text.py): the cost grows with their number times their length.
     max_stop_strings: int = 16
@@ -180,7 +185,12 @@ class SpeculativeEngine:
                 return max(cap, 0), "fixed"
             if cfg.speculation_max_running and self.running > cfg.speculation_max_running:
                 return 0, "load"
-            k = best_k(acceptance.alpha, self.costs, cap)
+            share = cfg.speculation_token_budget // max(self.running, 1) - 1 if cfg.speculation_token_budget else cap
+            if share <= 0:
+                return 0, "load"
+            k = best_k(acceptance.alpha, self.costs, min(cap, share))
+            if share < cap and k == share:
+                return k, "load"  # the load, not the request or its acceptance, set this k
             since_probe = 0 if k > 0 else since_probe + 1
             if k == 0 and since_probe >= cfg.probe_every:
                 since_probe = 0

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 
 from coordinator.engine import EngineConfig, SpeculativeEngine
+from draft_service.hybrid import HybridDrafter, parse_spec
 from draft_service.model_drafter import ModelDrafter
 from draft_service.ngram import NgramDrafter
 from specdec.acceptance import DraftProposal, Verification
@@ -70,15 +71,20 @@ class LocalVerifier(_Serialized):
         await self._call(self.verifier.end_session, session_id)
 
 
-def build_engine(target: LoadedModel, draft: LoadedModel | None, config: EngineConfig = EngineConfig()) -> SpeculativeEngine:
-    """The single-process engine; `draft` None means the n-gram drafter."""
-    proposer = LocalNgramProposer() if draft is None else LocalModelProposer(ModelDrafter(draft))
+def build_engine(target: LoadedModel, draft: LoadedModel | None, config: EngineConfig = EngineConfig(), *, hybrid: bool = False) -> SpeculativeEngine:
+    """The single-process engine; `draft` None means the n-gram drafter, `hybrid` prompt lookup
+    where the context repeats and the draft model elsewhere (draft_service/hybrid.py)."""
+    if draft is None:
+        proposer = LocalNgramProposer()
+    else:
+        drafter = ModelDrafter(draft)
+        proposer = LocalModelProposer(HybridDrafter(drafter) if hybrid else drafter)
     return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
 
 
 def load_pair(target_model: str | None, draft_model: str | None) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the models the flags name: target None is the embedded default, draft "ngram" (or
-    None) is the model-free drafter."""
+    None) is the model-free drafter, "hybrid:SPEC" loads SPEC (pass hybrid=True to build_engine)."""
     target = load_model(target_model)
-    draft = None if draft_model in (None, "ngram") else load_model(draft_model)
+    draft = None if draft_model in (None, "ngram") else load_model(parse_spec(draft_model) or draft_model)
     return target, draft

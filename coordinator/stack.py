@@ -103,10 +103,7 @@ class LocalStack:
     async def start(self) -> None:
         c = self.config
         # The draft server starts in its own process while Ray and the target actors start here.
-        self.draft_process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "draft_service", "--draft-model", c.draft_model, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
-            stdout=asyncio.subprocess.PIPE, env={**os.environ, **({TRACE_FILE_ENV: c.trace_file} if c.trace_file else {})},
-        )  # fmt: skip
+        self.draft_process = await spawn_draft_server(c.draft_model, c.trace_file)
         self._started_ray = not ray.is_initialized()
         cpus = max(os.cpu_count() or 1, c.target_replicas)
         if self._started_ray:
@@ -120,7 +117,7 @@ class LocalStack:
         actor = ActorConfig(target_model=c.target_model, cpus=max(1, cpus // c.target_replicas), metrics_port=0, trace_file=c.trace_file)
         self.actor_names = await asyncio.to_thread(launch, actor, c.target_replicas, c.pool_name, c.namespace)
         pool = TargetPool(PoolConfig(prefix=c.pool_name, namespace=c.namespace))
-        self.draft_address = await asyncio.wait_for(self._draft_ready(), c.draft_start_s)
+        self.draft_address, self.draft_metrics_address = await asyncio.wait_for(draft_server_ready(self.draft_process), c.draft_start_s)
         self.draft = DraftClient(self.draft_address)
         engine = await connect_engine(self.draft, pool, c.target_model, c.engine, self.tracer)
         self.target_name = engine.target.name
@@ -144,7 +141,7 @@ class LocalStack:
             await self.draft.close()
             self.draft = None
         if self.draft_process is not None:
-            await _terminate(self.draft_process)
+            await terminate(self.draft_process)
             self.draft_process = None
         if ray.is_initialized():
             for name in self.actor_names:
@@ -156,23 +153,33 @@ class LocalStack:
             if self._started_ray:
                 ray.shutdown()
 
-    async def _draft_ready(self) -> str:
-        """The draft server's address, once its health says SERVING (its model loads after it listens)."""
-        line = (await self.draft_process.stdout.readline()).decode()
-        if " listening on " not in line:
-            code = await self.draft_process.wait()
-            raise RuntimeError(f"the draft server exited with code {code} before listening")
-        address = line.rsplit(" ", 1)[-1].strip()
-        self.draft_metrics_address = (await self.draft_process.stdout.readline()).decode().rsplit(" ", 1)[-1].strip()
-        async with grpc.aio.insecure_channel(address) as channel:
-            # Watch streams the status on every change: no polling while the model loads.
-            async for reply in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="")):
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return address
-        raise RuntimeError(f"the draft server at {address} stopped before serving")
+
+async def spawn_draft_server(draft_model: str, trace_file: str | None = None) -> asyncio.subprocess.Process:
+    """A draft server subprocess on a free loopback port (its address: `draft_server_ready`)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "draft_service", "--draft-model", draft_model, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+        stdout=asyncio.subprocess.PIPE, env={**os.environ, **({TRACE_FILE_ENV: trace_file} if trace_file else {})},
+    )  # fmt: skip
 
 
-async def _terminate(process: asyncio.subprocess.Process, grace_s: float = 15.0) -> None:
+async def draft_server_ready(process: asyncio.subprocess.Process) -> tuple[str, str]:
+    """The draft server's (gRPC address, metrics address), once its health says SERVING (its
+    model loads after it listens)."""
+    line = (await process.stdout.readline()).decode()
+    if " listening on " not in line:
+        code = await process.wait()
+        raise RuntimeError(f"the draft server exited with code {code} before listening")
+    address = line.rsplit(" ", 1)[-1].strip()
+    metrics_address = (await process.stdout.readline()).decode().rsplit(" ", 1)[-1].strip()
+    async with grpc.aio.insecure_channel(address) as channel:
+        # Watch streams the status on every change: no polling while the model loads.
+        async for reply in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service="")):
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return address, metrics_address
+    raise RuntimeError(f"the draft server at {address} stopped before serving")
+
+
+async def terminate(process: asyncio.subprocess.Process, grace_s: float = 15.0) -> None:
     if process.returncode is None:
         try:
             process.send_signal(signal.SIGTERM)  # it drains: NOT_SERVING, calls in flight finish

@@ -33,7 +33,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         # argparse runs `type` on string defaults, so an environment value is checked like a flag.
         p.add_argument(f"--{name}", default=environ.get(env, default), type=type, help=f"{help} [env {env}; default {default}]")
 
-    flag("draft-model", server.draft_model, str, "local dir, .gguf file, hub id, or 'ngram' (prompt lookup, no model)")
+    flag("draft-model", server.draft_model, str, "local dir, .gguf file, hub id, 'ngram' (prompt lookup, no model), or 'hybrid:<model>' (prompt lookup where the context repeats, the model elsewhere)")
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
     flag("metrics-port", server.metrics_port, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one")

@@ -18,6 +18,7 @@ from specdec.acceptance import DraftProposal
 from specdec.batching import batched_forward
 from specdec.kv_cache import SequenceCache, resume
 from specdec.models import LoadedModel
+from specdec.pruned_draft import warp_pruned
 from specdec.rng import Stream
 from specdec.sampling import SamplingParams, warp
 
@@ -36,6 +37,9 @@ class ModelDrafter:
         # Any mapping works: the draft server passes a bounded store (LRU, TTL), where an evicted
         # session is simply a cache miss that `resume` answers with a fresh prefill.
         self.sessions = sessions if sessions is not None else {}
+        # A pruned-vocabulary draft (specdec.pruned_draft): warp only its own columns. Same q (it is
+        # zero elsewhere either way), but top-p sorts 32,768 logits instead of 262,144.
+        self._vocab_ids = getattr(loaded.model.get_output_embeddings(), "vocab_ids", None)
 
     def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
         return self.propose_batch([ProposeItem(session_id, tokens, k, sampling)])[0]
@@ -61,7 +65,7 @@ class ModelDrafter:
                 if item.sampling.greedy:
                     token = int(torch.argmax(row[-1]))
                 else:
-                    q = warp(row[-1], item.sampling)  # (vocab,)
+                    q = warp(row[-1], item.sampling) if self._vocab_ids is None else warp_pruned(row[-1], item.sampling, self._vocab_ids)  # (vocab,)
                     token = rng.sample(q, item.sampling.seed, len(item.tokens) + step, Stream.DRAFT)
                     rows[i].append(q)
                 proposals[i].token_ids.append(token)

@@ -59,7 +59,7 @@ SERVER_OPTIONS = (
 
 @dataclass(frozen=True)
 class ServerConfig:
-    draft_model: str = "ngram"  # local dir, .gguf file, hub id, or "ngram" (no model)
+    draft_model: str = "ngram"  # local dir, .gguf file, hub id, "ngram" (no model), or "hybrid:<model spec>"
     host: str = "127.0.0.1"
     port: int = 50052  # 0 picks a free port
     metrics_port: int = 9465  # Prometheus /metrics on `host`; 0 picks a free port
@@ -235,10 +235,13 @@ class DraftServer:
 def load_core(config: ServerConfig) -> DraftCore:
     if config.draft_model == "ngram":
         return DraftCore(None, config.draft)
+    from draft_service.hybrid import HybridConfig, parse_spec
     from specdec.models import load_model
 
+    inner = parse_spec(config.draft_model)  # "hybrid:SPEC": n-gram rounds where the context repeats
+    spec = config.draft_model if inner is None else inner
     # CPU only for now: batched_forward and the keyed sampler build their tensors on the CPU.
-    return DraftCore(load_model(config.draft_model), config.draft)
+    return DraftCore(load_model(spec), config.draft, hybrid=None if inner is None else HybridConfig())
 
 
 async def serve(config: ServerConfig, on_listening: Callable[[int, int], None] = lambda port, metrics_port: None) -> None:

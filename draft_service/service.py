@@ -34,6 +34,7 @@ from specdec.sampling import SamplingParams
 from specdec.session_store import SessionStore
 
 if TYPE_CHECKING:  # transformers takes seconds to import; an n-gram replica never needs it
+    from draft_service.hybrid import HybridConfig, HybridDrafter
     from draft_service.model_drafter import ModelDrafter, ProposeItem
     from specdec.kv_cache import SequenceCache
     from specdec.models import LoadedModel
@@ -113,7 +114,13 @@ class _Pending:
 class DraftCore:
     """Proposals for many sessions. `loaded` None means the n-gram drafter."""
 
-    def __init__(self, loaded: LoadedModel | None, config: DraftConfig = DraftConfig(), clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        loaded: LoadedModel | None,
+        config: DraftConfig = DraftConfig(),
+        clock: Callable[[], float] = time.monotonic,
+        hybrid: HybridConfig | None = None,  # n-gram rounds where the context repeats, the model elsewhere
+    ):
         self.config = config
         self.clock = clock
         self.store: SessionStore[DraftSession] = SessionStore(
@@ -123,12 +130,17 @@ class DraftCore:
         _export_store(self.store)
         self.ngram: NgramDrafter | None = None
         self.model: ModelDrafter | None = None
+        self.hybrid: HybridDrafter | None = None
         if loaded is None:
             self.ngram = NgramDrafter()
         else:
             from draft_service.model_drafter import ModelDrafter
 
             self.model = ModelDrafter(loaded, sessions=_CacheView(self.store))
+            if hybrid is not None:
+                from draft_service.hybrid import HybridDrafter
+
+                self.hybrid = HybridDrafter(self.model, hybrid)
         self.vocab_size = None if loaded is None else loaded.vocab_size
         self.max_context = None if loaded is None else loaded.max_context
         self._queue: deque[_Pending] = deque()
@@ -154,7 +166,12 @@ class DraftCore:
         else:
             # Never draft past the draft model's context; fewer tokens is a valid proposal.
             k = min(call.k, self.max_context - len(context))
-            proposal = DraftProposal([]) if k <= 0 else await self._draft(self._item(call.session_id, context, k, sampling), deadline)
+            # A hybrid's n-gram rounds are answered inline: they need no model, so no queue.
+            looked_up = self.hybrid.lookup(context, k) if self.hybrid is not None and k > 0 else []
+            if looked_up:
+                proposal = DraftProposal(looked_up)  # point masses: no q
+            else:
+                proposal = DraftProposal([]) if k <= 0 else await self._draft(self._item(call.session_id, context, k, sampling), deadline)
         self.stats.calls += 1
         metrics.DRAFT_TOKENS.inc(len(proposal.token_ids))
         self._gauges()

@@ -8,7 +8,8 @@
   specdec coordinator ...                  the coordinator alone (flags: python -m coordinator --help)
   specdec draft ...                        the draft tier (flags: python -m draft_service --help)
   specdec target ...                       the target actor pool (python -m target_service --help)
-  specdec bench ...                        the single-process benchmark (bench/)
+  specdec bench ...                        the benchmark suite (bench/README.md)
+  specdec distill-draft --out DIR          distil a draft model from the target
 
 grpc and ray are imported only inside the commands that use them: the core stays free of both.
 """
@@ -68,6 +69,7 @@ def _stack_parser(sub, name: str, help_text: str, port: int) -> argparse.Argumen
     p.add_argument("--pipeline", choices=("on", "off"), default="on", help="'on' (default): draft round r+1 while round r is verified")
     p.add_argument("--adaptive", choices=("on", "off"), default="on", help="'on' (default): each round's k from acceptance and measured costs, at most the request's max")
     p.add_argument("--speculation-max-running", type=int, default=0, help="with more requests generating than this, no drafts (target saturated); 0 (default): never")
+    p.add_argument("--speculation-token-budget", type=int, default=0, help="target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0 (default): no budget")
     return p
 
 
@@ -129,7 +131,7 @@ def _cmd_generate(args) -> int:
     from specdec.errors import InvalidArgument
 
     target, draft = load_pair(args.target_model, args.draft_model)
-    engine = build_engine(target, draft)
+    engine = build_engine(target, draft, hybrid=(args.draft_model or "").startswith("hybrid:"))
     try:
         start = time.perf_counter()
         result = asyncio.run(engine.generate(request_from_proto(_request_proto(args))))
@@ -232,7 +234,7 @@ def _stack_config(args):
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,
         server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight),
-        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=args.pipeline == "on", adaptive=args.adaptive == "on", speculation_max_running=max(args.speculation_max_running, 0)),
+        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=args.pipeline == "on", adaptive=args.adaptive == "on", speculation_max_running=max(args.speculation_max_running, 0), speculation_token_budget=max(args.speculation_token_budget, 0)),
     )
 
 
@@ -332,7 +334,8 @@ _DELEGATED = {
     "coordinator": ("coordinator.__main__", "serve the public GenerationService over a draft tier and a target pool"),
     "draft": ("draft_service.__main__", "serve the draft tier (DraftService over gRPC)"),
     "target": ("target_service.__main__", "start or resize the target actor pool on Ray"),
-    "bench": ("bench.single_process", "the single-process benchmark (bench/README.md)"),
+    "distill-draft": ("specdec.distill", "distil a small pruned-vocabulary draft model from a target (resumable)"),
+    "bench": ("bench.suite.run", "the benchmark suite: speculation vs target-only vs transformers, batch 1 and under concurrency (bench/README.md)"),
 }
 
 

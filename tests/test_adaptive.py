@@ -143,3 +143,27 @@ def test_speculation_turns_off_under_load_and_comes_back(tiny):
     assert loaded.stats.draft_tokens == 0 and loaded.stats.non_speculative_rounds == loaded.stats.rounds == 24
     engine.running = 0  # load gone: speculation back
     assert asyncio.run(engine.generate(request)).stats.draft_tokens > 0
+
+
+def test_a_token_budget_shrinks_drafts_as_load_grows_then_turns_them_off(tiny):
+    target = tiny("llama", 1)
+    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.0)
+    config = EngineConfig(max_draft_tokens=8, pipeline=False, speculation_token_budget=8)
+    engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, config)
+    request = GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=24, max_draft_tokens=4)
+
+    def longest_draft(running_others: int):
+        engine.running = running_others
+        start = len(verifier.positions)
+        result = asyncio.run(engine.generate(request))
+        return result, max(n - 1 for n in verifier.positions[start:])
+
+    alone, k_alone = longest_draft(0)  # budget 8 for one request: the request's own max, 4
+    assert k_alone == 4
+    shared, k_shared = longest_draft(3)  # four generating: 8 // 4 - 1 = 1 draft each at most
+    assert k_shared == 1 and shared.stats.draft_tokens > 0
+    crowded, k_crowded = longest_draft(7)  # eight: a position each, no room for drafts
+    assert k_crowded == 0 and crowded.stats.draft_tokens == 0
+    assert alone.token_ids == shared.token_ids == crowded.token_ids
+    engine.running = 0
+    assert asyncio.run(engine.generate(request)).stats.draft_tokens > 0  # load gone: drafts back

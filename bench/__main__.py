@@ -1,0 +1,7 @@
+"""`python -m bench`: the benchmark suite (bench/suite/run.py), as `specdec bench`."""
+
+import sys
+
+from bench.suite.run import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The benchmark suite behind `specdec bench` / `python -m bench` (bench/suite/run.py)."""

@@ -1,0 +1,87 @@
+"""The suite's tables and its goals (issue 8), printed from the JSON result."""
+
+from __future__ import annotations
+
+import sys
+
+_COLUMNS = (("target_only", "k=0"), ("ngram", "ngram"), ("model", "model"), ("hf_greedy", "hf"), ("hf_pld", "hf pld"), ("hf_assisted", "hf asst"))
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def batch1_table(batch1: dict, repeats: int, out=sys.stdout) -> None:
+    for workload, summary in batch1["summary"].items():
+        cols = [(m, name) for m, name in _COLUMNS if m in summary["tokens_per_s"]]
+        print(f"\n== batch 1, workload {workload} (tokens/s, median of {repeats} repeats) ==", file=out)
+        header = f"{'prompt':<34}" + "".join(f"{name:>8}" for _, name in cols)
+        header += f"{'ng x':>7}{'pld x':>7}{'ng/pld':>7}{'md x':>7}{'accept':>7}{'ideal':>7}{'eff':>6}{'equal':>6}"
+        print(header, file=out)
+        rows = [(row["label"], row) for row in batch1["prompts"] if row["workload"] == workload] + [("median", summary)]
+        for label, row in rows:
+            ideal = row["ideal"].get("ngram", {})
+            line = f"{label[:34]:<34}" + "".join(f"{_f(row['tokens_per_s'].get(m), '.2f'):>8}" for m, _ in cols)
+            line += f"{_f(row['speedup'].get('ngram'), '.2f'):>6}x{_f(row['speedup'].get('hf_pld'), '.2f'):>6}x{_f(row['over_peer'].get('ngram'), '.2f'):>7}"
+            line += f"{_f(row['speedup'].get('model'), '.2f'):>6}x{_f(row['acceptance_rate'].get('ngram'), '.0%'):>7}"
+            line += f"{_f(ideal.get('ideal_speedup'), '.2f'):>6}x{_f(ideal.get('efficiency'), '.2f'):>6}{'yes' if all(row['greedy_equal'].values()) else 'NO':>6}"
+            print(line, file=out)
+        print(f"-- where a decode round's time goes (median ms), workload {workload} --", file=out)
+        print(f"{'method':<14}{'draft':>8}{'forward':>9}{'transport':>10}{'coord':>8}{'round':>8}", file=out)
+        for m, split in summary["time_split_ms"].items():
+            print(f"{m:<14}{split['draft_wait']:>8.1f}{split['verify_compute']:>9.1f}{split['verify_transport']:>10.1f}{split['coordination']:>8.2f}{split['round']:>8.1f}", file=out)
+
+
+def concurrency_table(conc: dict, out=sys.stdout) -> None:
+    print("\n== concurrency (mixed workload) ==", file=out)
+    print(f"{'streams':>7} {'arm':<11}{'tok/s':>8}{'x off':>7}{'x 1 str':>8}{'tpot p50':>9}{'tpot p99':>9}{'ttft p50':>9}{'accept':>7}", file=out)
+    for level in sorted(conc["off"], key=int):
+        for arm in conc:
+            cell = conc[arm][level]
+            print(
+                f"{level:>7} {arm:<11}{cell['tokens_per_s']:>8.1f}{cell['tokens_per_s'] / conc['off'][level]['tokens_per_s']:>6.2f}x"
+                f"{cell['tokens_per_s'] / conc[arm][min(conc[arm], key=int)]['tokens_per_s']:>7.2f}x"
+                f"{cell['tpot_ms_p50']:>7.0f}ms{cell['tpot_ms_p99']:>7.0f}ms{cell['ttft_ms_p50']:>7.0f}ms{cell['acceptance_rate']:>7.0%}",
+                file=out,
+            )
+
+
+def goals(results: dict) -> list[dict]:
+    """Each goal of issue 8 that this result measures: its figure and whether it was met."""
+    out = []
+
+    def goal(name: str, figure: float | None, target: float, at_most: bool = False) -> None:
+        if figure is not None:
+            out.append({"goal": name, "figure": figure, "target": target, "at_most": at_most, "met": figure <= target if at_most else figure >= target})
+
+    summary = results.get("batch1", {}).get("summary", {})
+    if "copy" in summary:
+        copy = summary["copy"]
+        goal("copy, batch 1: ngram tokens/s over target-only", copy["speedup"].get("ngram"), 3.0)
+        goal("copy, batch 1: ngram tokens/s over transformers' prompt lookup", copy["over_peer"].get("ngram"), 1.1)
+    effs = [s["ideal"]["ngram"]["efficiency"] for s in summary.values() if "ngram" in s["ideal"]]
+    if effs:
+        goal("batch 1: efficiency (measured / Leviathan ideal), ngram, worst workload", min(effs), 0.9)
+    if "free" in summary:
+        goal("free, batch 1: ngram tokens/s over target-only", summary["free"]["speedup"].get("ngram"), 0.97)
+    coord = [s["time_split_ms"]["ngram"]["coordination"] for s in summary.values() if "ngram" in s["time_split_ms"]]
+    if coord:
+        goal("coordination per round, median ms (round minus draft and verify waits), worst workload", max(coord), 2.0, at_most=True)
+    conc = results.get("concurrency") or {}
+    if conc and {"1", "16"} <= set(conc["load_aware"]):
+        goal("16 streams: aggregate tokens/s over one stream's (load-aware)", conc["load_aware"]["16"]["tokens_per_s"] / conc["load_aware"]["1"]["tokens_per_s"], 4.0)
+    if conc and "64" in conc["load_aware"]:
+        goal("64 streams: load-aware tokens/s over speculation off", conc["load_aware"]["64"]["tokens_per_s"] / conc["off"]["64"]["tokens_per_s"], 1.0)
+    return out
+
+
+def print_report(results: dict, out=sys.stdout) -> None:
+    if results.get("batch1"):
+        batch1_table(results["batch1"], results["config"]["repeats"], out)
+    if results.get("concurrency"):
+        concurrency_table(results["concurrency"], out)
+    print("\n== goals ==", file=out)
+    for g in results["goals"]:
+        print(f"{'met ' if g['met'] else 'MISS'}  {g['goal']}: {g['figure']:.3g} (goal {'<=' if g['at_most'] else '>='} {g['target']})", file=out)
+    if not results["greedy_equal"]:
+        print("\nGREEDY EQUALITY FAILED: some output differs from target-only decoding", file=out)

@@ -1,0 +1,196 @@
+"""`specdec bench` (`python -m bench`): does speculation pay off for this pair on this machine?
+
+One run, on the same models and prompts, side by side:
+  1. target-only decoding through the local stack (k = 0): the baseline;
+  2. speculation at batch 1 through the same stack: the n-gram drafter and a model drafter
+     (--model-drafter), adaptive k at most --k;
+  3. the peer, transformers' own generate in this process: greedy, prompt lookup
+     (prompt_lookup_num_tokens) and assisted generation with the same draft model (assistant_model);
+  4. the ideal: Leviathan et al.'s speedup from the measured per-position acceptance and step
+     costs (bench/suite/ideal.py), and measured / ideal as the system's efficiency;
+  5. concurrency: N streams at once, speculation off, on and load-aware (bench/suite/concurrency.py).
+It prints tables and the goals met or missed, and writes results.json, the spans it read
+(spans.jsonl) and four PNG plots into --out.
+
+The stack is what `specdec up` runs (draft server subprocess, the target actor on a local Ray,
+the coordinators in this process, gRPC on loopback); every tier writes its spans to one trace
+file, from which the per-round figures come. Workloads ship in the repo (bench/prompts.py):
+copy (rewrites and edits of stdlib functions), free (prose and code openers), mixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import platform
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from tqdm import tqdm
+
+from bench import prompts as workloads
+from bench.single_process import _git_commit
+from bench.stack import coordinators, drafter_spec
+from bench.suite import batch1, concurrency, plots, report
+from bench.suite.batch1 import Prompt
+from bench.suite.methods import hf_methods, stack_method
+from bench.suite.spans import read_requests
+from coordinator.clients import DraftClient
+from coordinator.engine import EngineConfig
+from coordinator.server import ServerConfig
+from coordinator.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
+from specdec.models import load_model
+from specdec.trace_file import JsonLinesSpanExporter
+
+POOL = "specdec-bench-suite"
+_FLUSH_S = 1.5  # the draft server and the actors export spans every 0.5 s
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    p = argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--workload", action="append", choices=(*workloads.SUITE_WORKLOADS, "all"), help="batch-1 workloads, repeatable (default: copy and free; all = the three)")
+    p.add_argument("--prompts", type=int, default=2, help="prompts per batch-1 workload (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="batch-1 repeats; figures are medians (default 3)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per batch-1 request (default 64)")
+    p.add_argument("--k", type=int, default=8, help="the most draft tokens per round; ours adapt below it (default 8)")
+    p.add_argument("--model-drafter", default="first:4", help="draft model: first:N (the target's first N layers), a model spec, or none (default first:4)")
+    p.add_argument("--concurrency", default="1,4,16,64", help="stream counts, comma separated; none to skip (default 1,4,16,64)")
+    p.add_argument("--concurrency-prompts", type=int, default=8, help="mixed prompts the concurrency levels share (default 8)")
+    p.add_argument("--concurrency-new-tokens", type=int, default=32, help="tokens per concurrency request (default 32)")
+    p.add_argument("--concurrency-repeats", type=int, default=1, help="repeats of each concurrency cell; the median is kept (default 1)")
+    p.add_argument("--load-aware-budget", type=int, default=16, help="the load-aware arm's speculation token budget: target positions per pass shared by the generating requests (default 16)")
+    p.add_argument("--load-aware-running", type=int, default=0, help="the load-aware arm also stops drafting above this many generating requests (default 0: no such limit)")
+    p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep only the last N prompt tokens (0: all; for tiny test models)")
+    p.add_argument("--target-model", default=None, help="local dir, .gguf file or hub id (default: the embedded Gemma 3 270M)")
+    p.add_argument("--out", default="bench-results", help="directory for results.json, spans.jsonl and the plots (default ./bench-results)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the JSON result here")
+    args = p.parse_args(argv)
+    chosen = args.workload or ["copy", "free"]
+    args.workload = list(workloads.SUITE_WORKLOADS) if "all" in chosen else list(dict.fromkeys(chosen))
+    try:
+        args.concurrency = [] if args.concurrency.lower() in ("", "none") else sorted({int(n) for n in args.concurrency.split(",")})
+    except ValueError:
+        p.error(f"--concurrency: expected comma-separated stream counts, got {args.concurrency!r}")
+    if args.load_aware_budget < 0 or args.load_aware_running < 0:
+        p.error("--load-aware-budget and --load-aware-running must be >= 0")
+    if any(n < 1 or n > 64 for n in args.concurrency):
+        p.error("--concurrency: stream counts must be 1..64 (the coordinator's max_inflight)")
+    for name in ("prompts", "repeats", "max_new_tokens", "k", "concurrency_prompts", "concurrency_new_tokens", "concurrency_repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def _encode(tokenizer, texts: list[tuple[str, str]], workload: str, max_prompt_tokens: int) -> list[Prompt]:
+    out = []
+    for label, text in texts:
+        ids = tokenizer(text)["input_ids"]
+        out.append(Prompt(workload, label, ids[-max_prompt_tokens:] if max_prompt_tokens else ids))
+    return out
+
+
+async def run(args: argparse.Namespace) -> dict:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    span_file = out_dir / "spans.jsonl"
+    span_file.unlink(missing_ok=True)
+    # This process's coordinators trace through a provider of their own (not the global one, which
+    # a host process may own); the draft servers and the actors append to the same file.
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: "specdec-coordinator"}))
+    provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(span_file), schedule_delay_millis=500))
+    tracer = provider.get_tracer("specdec.coordinator")
+
+    target = load_model(args.target_model)
+    prompts = [p for w in args.workload for p in _encode(target.tokenizer, workloads.suite_workload(w, args.prompts), w, args.max_prompt_tokens)]
+    mixed = _encode(target.tokenizer, workloads.suite_workload("mixed", args.concurrency_prompts), "mixed", args.max_prompt_tokens) if args.concurrency else []
+    draft_spec = None if args.model_drafter == "none" else drafter_spec(args.model_drafter, args.target_model)
+    assistant = load_model(draft_spec).model if draft_spec else None
+    config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=True)
+    stack_config = StackConfig(
+        target_model=args.target_model, draft_model="ngram", pool_name=POOL, trace_file=str(span_file), metrics_port=0, server=ServerConfig(port=0), engine=config
+    )
+    n_methods = 3 + 2 * (draft_spec is not None) + 1
+    total = len(prompts) * args.repeats * n_methods + len(args.concurrency) * args.concurrency_repeats * len(concurrency.ARMS)
+    results: dict = {"batch1": None, "concurrency": None}
+    async with LocalStack(stack_config) as stack:
+        model_server = await spawn_draft_server(draft_spec, str(span_file)) if draft_spec else None
+        model_draft = DraftClient((await draft_server_ready(model_server))[0]) if model_server else None
+        try:
+            load_aware = replace(config, speculation_token_budget=args.load_aware_budget, speculation_max_running=args.load_aware_running)
+            arms = {"ngram": (config, tracer), "load_aware": (load_aware, tracer)}
+            if model_draft:
+                arms["model"] = (config, tracer)
+            async with coordinators(stack, args.target_model, arms, {"model": model_draft} if model_draft else None) as stubs:
+                with tqdm(total=total, desc="specdec bench", unit="run", file=sys.stderr) as progress:
+                    methods = {"target_only": stack_method(stubs["ngram"], False, args.k), "ngram": stack_method(stubs["ngram"], True, args.k)}
+                    if model_draft:
+                        methods["model"] = stack_method(stubs["model"], True, args.k)
+                    methods.update(hf_methods(target.model, args.k, assistant))
+                    runs = await batch1.measure(methods, prompts, args.repeats, args.max_new_tokens, progress) if prompts else []
+                    if args.concurrency:
+                        ids = [p.ids for p in mixed]
+                        results["concurrency"] = await concurrency.measure(
+                            {"on": stubs["ngram"], "load_aware": stubs["load_aware"]}, args.concurrency, ids, args.concurrency_new_tokens, args.k, args.concurrency_repeats, progress
+                        )
+            provider.force_flush()
+            await asyncio.sleep(_FLUSH_S)  # the other processes' exporters, before the stack stops them
+        finally:
+            if model_draft:
+                await model_draft.close()
+            if model_server:
+                await terminate(model_server)
+    provider.shutdown()
+    trace_ids = {run.trace_id for by_method in runs for method_runs in by_method.values() for run in method_runs if run.trace_id}
+    requests = read_requests(span_file, trace_ids)
+    rows = [batch1.prompt_row(prompt, by_method, requests) for prompt, by_method in zip(prompts, runs)]
+    if rows:
+        results["batch1"] = {"prompts": rows, "summary": {w: batch1.summarize([r for r in rows if r["workload"] == w]) for w in args.workload}}
+    equal = all(all(row["greedy_equal"].values()) for row in rows)
+    if results["concurrency"]:
+        equal = equal and concurrency.outputs_agree(results["concurrency"])
+        for by_level in results["concurrency"].values():
+            for cell in by_level.values():
+                cell.pop("outputs")
+    results["greedy_equal"] = equal
+    results["config"] = {
+        **vars(args),
+        "model": target.name,
+        "draft_model": draft_spec,
+        "traced_requests": len(requests),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    results["goals"] = report.goals(results)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    results = asyncio.run(run(args))
+    out_dir = Path(args.out)
+    text = json.dumps(results, indent=1)
+    (out_dir / "results.json").write_text(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    report.print_report(results)
+    for path in plots.draw_all(results, out_dir):
+        print(f"wrote {path}", file=sys.stderr)
+    print(f"wrote {out_dir / 'results.json'}", file=sys.stderr)
+    return 0 if results["greedy_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Hybrid drafting: prompt lookup where the context repeats itself, the draft model elsewhere.
+
+When the context's last `min_match` tokens occurred before, the tokens that followed that
+occurrence are a better guess than a small model's (copies in code edits, quotes, RAG answers),
+and they cost microseconds instead of k model steps. Elsewhere the model drafts. The choice is
+made per round, from the context alone.
+
+Mixing is exact: the acceptance rule judges each round on its own. An n-gram round is a point
+mass (draft_probs None: accept iff the target's own keyed draw equals the draft), a model round
+carries its q; both leave each output token distributed as the target's, so a request may switch
+between them from one round to the next. Greedy rounds compare argmaxes either way.
+
+The model's KV cache simply skips n-gram rounds: its next call finds the common prefix with the
+context (`specdec.kv_cache.resume`) and feeds the tokens committed meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from draft_service.model_drafter import ModelDrafter, ProposeItem
+from draft_service.ngram import NgramConfig, NgramDrafter
+from specdec.acceptance import DraftProposal
+from specdec.sampling import SamplingParams
+
+PREFIX = "hybrid:"  # --draft-model hybrid:SPEC serves SPEC with n-gram rounds where they match
+
+
+@dataclass(frozen=True)
+class HybridConfig:
+    min_match: int = 3  # shortest context suffix whose earlier occurrence is trusted over the model
+    max_match: int = 6  # longest suffix tried first (longer matches predict better)
+
+
+def parse_spec(spec: str) -> str | None:
+    """The model spec inside 'hybrid:SPEC', or None when `spec` is not a hybrid spec."""
+    return spec[len(PREFIX) :] if spec.startswith(PREFIX) else None
+
+
+class HybridDrafter:
+    """Same interface as ModelDrafter (propose, propose_batch, end_session)."""
+
+    def __init__(self, model: ModelDrafter, config: HybridConfig = HybridConfig()):
+        if not 1 <= config.min_match <= config.max_match:
+            raise ValueError(f"need 1 <= min_match <= max_match, got {config}")
+        self.model = model
+        self.config = config
+        self.ngram = NgramDrafter(NgramConfig(max_ngram=config.max_match, min_ngram=config.min_match))
+        self.ngram_rounds = 0  # rounds answered by prompt lookup
+        self.model_rounds = 0  # rounds answered by the model
+
+    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
+        """The n-gram proposal when the context has a match of at least min_match tokens, else []."""
+        return self.ngram.propose(tokens, k)
+
+    def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
+        return self.propose_batch([ProposeItem(session_id, tokens, k, sampling)])[0]
+
+    def propose_batch(self, items: Sequence[ProposeItem]) -> list[DraftProposal]:
+        """n-gram proposals where a match exists; one batched model step for all the others."""
+        proposals: list[DraftProposal | None] = [None] * len(items)
+        for i, item in enumerate(items):
+            if ids := self.lookup(item.tokens, item.k):
+                proposals[i] = DraftProposal(ids)  # point masses: no q
+        rest = [i for i, p in enumerate(proposals) if p is None]
+        self.ngram_rounds += len(items) - len(rest)
+        self.model_rounds += len(rest)
+        for i, proposal in zip(rest, self.model.propose_batch([items[i] for i in rest]) if rest else []):
+            proposals[i] = proposal
+        return proposals  # type: ignore[return-value]
+
+    def end_session(self, session_id: str) -> None:
+        self.model.end_session(session_id)
