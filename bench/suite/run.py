@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import importlib.util
 import json
 import platform
 import sys
@@ -73,7 +74,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--target-model", default=None, help="local dir, .gguf file or hub id (default: the embedded Gemma 3 270M)")
     p.add_argument("--out", default="bench-results", help="directory for results.json, spans.jsonl and the plots (default ./bench-results)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the JSON result here")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots (they need matplotlib: pip install -e '.[bench]')")
     args = p.parse_args(argv)
+    if not args.no_plots and importlib.util.find_spec("matplotlib") is None:  # before a 20-minute run, not after
+        p.error("the plots need matplotlib: pip install -e '.[bench]' (or pass --no-plots)")
     chosen = args.workload or ["copy", "free"]
     args.workload = list(workloads.SUITE_WORKLOADS) if "all" in chosen else list(dict.fromkeys(chosen))
     try:
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(text)
     report.print_report(results)
-    for path in plots.draw_all(results, out_dir):
+    for path in [] if args.no_plots else plots.draw_all(results, out_dir):
         print(f"wrote {path}", file=sys.stderr)
     print(f"wrote {out_dir / 'results.json'}", file=sys.stderr)
     return 0 if results["greedy_equal"] else 1
