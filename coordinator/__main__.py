@@ -71,7 +71,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("pipeline", "on" if engine.pipeline else "off", flag_types.on_off, "'on': draft round r+1 while round r is verified")
     flag("adaptive", "on" if engine.adaptive else "off", flag_types.on_off, "'on': each round's k from the request's acceptance and the measured costs, at most the request's max")
     flag("speculation-max-running", engine.speculation_max_running, flag_types.nonnegative_int, "with more requests generating than this, rounds run without drafts (target saturated); 0: never")
-    flag("speculation-token-budget", engine.speculation_token_budget, flag_types.nonnegative_int, "target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0: no budget")
+    flag("speculation-token-budget", "auto", flag_types.nonnegative_int_or_auto, "target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0: no budget; auto: 16 on a CPU target, none on a GPU")
     flag("draft-timeout", engine.draft_timeout_s, flag_types.positive_seconds, "a proposal later than this is dropped (that round runs with k = 0)")
     flag("grace", server.grace_s, flag_types.seconds, "seconds calls in flight get to finish after SIGTERM")
     flag("tls-cert", None, str, "PEM certificate chain file: serve TLS (with --tls-key) instead of plaintext")

@@ -79,7 +79,8 @@ class EngineConfig:
     # Load awareness, gradual: the target positions one batched pass should verify for all
     # generating requests together; each request drafts at most budget // running - 1 tokens, so
     # drafts shrink as load grows and stop when every request's share is one position (on a CPU,
-    # a pass costs about linearly in its positions beyond a few; a GPU affords a far larger budget). 0: no budget.
+    # a pass costs about linearly in its positions beyond a few; a GPU affords a far larger budget).
+    # 0: no budget; -1 (auto): `connect_engine` picks it from the target tier's device.
     speculation_token_budget: int = 0
     # Every round searches the new text for each stop string and holds back any tail that could
     # begin one (coordinator/text.py): the cost grows with their number times their length.
@@ -185,7 +186,7 @@ class SpeculativeEngine:
                 return max(cap, 0), "fixed"
             if cfg.speculation_max_running and self.running > cfg.speculation_max_running:
                 return 0, "load"
-            share = cfg.speculation_token_budget // max(self.running, 1) - 1 if cfg.speculation_token_budget else cap
+            share = cfg.speculation_token_budget // max(self.running, 1) - 1 if cfg.speculation_token_budget > 0 else cap
             if share <= 0:
                 return 0, "load"
             k = best_k(acceptance.alpha, self.costs, min(cap, share))

@@ -15,7 +15,7 @@ NUM_ACCEPTED_TOKENS_PER_POS = Counter(
 )
 ROUNDS = Counter("specdec:rounds", "Verification rounds (target passes asked for)")
 FALLBACK_ROUNDS = Counter("specdec:fallback_rounds", "Rounds run with k = 0 because the draft tier failed, was too slow, or is being retried")
-K_CHOICES = Counter("specdec:draft_length_choices", "Rounds by how their k was chosen: fixed, adaptive, probe, or load (speculation off: target tier saturated)", ["policy"])
+K_CHOICES = Counter("specdec:draft_length_choices", "Rounds by how their k was chosen: fixed, adaptive, probe, or load (drafts shrunk or off: the target tier is busy)", ["policy"])
 REQUESTS = Counter("specdec:requests", "Finished Generate and GenerateStream calls", ["finish_reason", "code"])
 PROMPT_TOKENS = Counter("specdec:prompt_tokens", "Prompt tokens of admitted requests")
 GENERATION_TOKENS = Counter("specdec:generation_tokens", "Tokens generated")

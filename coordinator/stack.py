@@ -13,7 +13,7 @@ import asyncio
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import ray
@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from coordinator.clients import DraftClient
 from coordinator.engine import EngineConfig, SpeculativeEngine
 from coordinator.server import GenerationServer, ServerConfig
+from specdec.flag_types import AUTO
 from specdec.metrics import MetricsServer
 from specdec.models import EMBEDDED_NAME, load_tokenizer
 from specdec.telemetry import TRACE_FILE_ENV
@@ -53,7 +54,20 @@ async def connect_engine(
         target_model = info["model"]
     tokenizer = await asyncio.to_thread(load_tokenizer, target_model)
     target = RemoteTarget(tokenizer, frozenset(info["eos_token_ids"]), info["vocab_size"], info["max_context"], info["model"])
+    if config.speculation_token_budget == AUTO:
+        config = replace(config, speculation_token_budget=auto_token_budget(info.get("device", "cpu")))
     return SpeculativeEngine(draft, pool, target, config, tracer)
+
+
+# Target positions per pass on a CPU target: a pass over n positions costs about n single steps
+# beyond a few (the 262144 x 640 output projection turns compute-bound), so more than about 16
+# across the batch buys nothing (bench/README.md, concurrency). An accelerator is memory-bound far
+# beyond that: no budget there until one is measured.
+CPU_TOKEN_BUDGET = 16
+
+
+def auto_token_budget(device: str) -> int:
+    return CPU_TOKEN_BUDGET if device.startswith("cpu") else 0
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def _stack_parser(sub, name: str, help_text: str, port: int) -> argparse.Argumen
     p.add_argument("--pipeline", choices=("on", "off"), default="on", help="'on' (default): draft round r+1 while round r is verified")
     p.add_argument("--adaptive", choices=("on", "off"), default="on", help="'on' (default): each round's k from acceptance and measured costs, at most the request's max")
     p.add_argument("--speculation-max-running", type=int, default=0, help="with more requests generating than this, no drafts (target saturated); 0 (default): never")
-    p.add_argument("--speculation-token-budget", type=int, default=0, help="target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0 (default): no budget")
+    p.add_argument("--speculation-token-budget", type=flag_types.nonnegative_int_or_auto, default="auto", help="target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0: no budget; auto (default): 16 on a CPU target, none on a GPU")
     return p
 
 
@@ -234,7 +234,7 @@ def _stack_config(args):
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,
         server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight),
-        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=args.pipeline == "on", adaptive=args.adaptive == "on", speculation_max_running=max(args.speculation_max_running, 0), speculation_token_budget=max(args.speculation_token_budget, 0)),
+        engine=EngineConfig(default_draft_tokens=args.default_draft_tokens, max_draft_tokens=args.max_draft_tokens, pipeline=args.pipeline == "on", adaptive=args.adaptive == "on", speculation_max_running=max(args.speculation_max_running, 0), speculation_token_budget=args.speculation_token_budget),
     )
 
 

@@ -48,3 +48,10 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
     return value
+
+
+AUTO = -1  # an int flag's "auto": the service decides from what it finds (its hardware, its tiers)
+
+
+def nonnegative_int_or_auto(text: str) -> int:
+    return AUTO if text == "auto" else nonnegative_int(text)

@@ -74,6 +74,7 @@ class TargetActor:
     def info(self) -> dict:
         return {
             "model": self.loaded.name,
+            "device": str(next(self.loaded.model.parameters()).device),  # "cpu", "cuda:0", ...
             "vocab_size": self.loaded.vocab_size,
             "max_context": self.loaded.max_context,
             "eos_token_ids": sorted(self.loaded.eos_token_ids),

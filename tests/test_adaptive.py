@@ -129,12 +129,18 @@ def test_adaptive_engine_keeps_long_drafts_when_they_are_accepted(tiny):
     assert sum(drafted) / len(drafted) >= 4 and len(verifier.positions) <= 12
 
 
-def test_speculation_turns_off_under_load_and_comes_back(tiny):
+def _loaded_engine(tiny, **load_config) -> tuple[SpeculativeEngine, CountingVerifier, GenerationRequest]:
+    """A self-drafting engine (always right, flat costs: it drafts the request's max alone) with
+    the given load awareness, and a request allowing k = 4."""
     target = tiny("llama", 1)
     verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.0)
-    config = EngineConfig(max_draft_tokens=8, pipeline=False, speculation_max_running=2)
+    config = EngineConfig(max_draft_tokens=8, pipeline=False, **load_config)
     engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, config)
-    request = GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=24, max_draft_tokens=4)
+    return engine, verifier, GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=24, max_draft_tokens=4)
+
+
+def test_speculation_turns_off_under_load_and_comes_back(tiny):
+    engine, _, request = _loaded_engine(tiny, speculation_max_running=2)
     alone = asyncio.run(engine.generate(request))
     assert alone.stats.draft_tokens > 0
     engine.running = 2  # two others generating: with this request, three > 2
@@ -146,11 +152,7 @@ def test_speculation_turns_off_under_load_and_comes_back(tiny):
 
 
 def test_a_token_budget_shrinks_drafts_as_load_grows_then_turns_them_off(tiny):
-    target = tiny("llama", 1)
-    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.0)
-    config = EngineConfig(max_draft_tokens=8, pipeline=False, speculation_token_budget=8)
-    engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, config)
-    request = GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=24, max_draft_tokens=4)
+    engine, verifier, request = _loaded_engine(tiny, speculation_token_budget=8)
 
     def longest_draft(running_others: int):
         engine.running = running_others

@@ -318,3 +318,17 @@ def test_cli_without_a_coordinator_says_how_to_start_one(capsys):
         address = f"127.0.0.1:{s.getsockname()[1]}"
         assert main(["generate", "--address", address, "--timeout", "10", "hello"]) == 1
     assert "specdec up" in capsys.readouterr().err
+
+
+def test_an_auto_token_budget_is_set_from_the_target_tiers_device(stack):
+    from coordinator.stack import CPU_TOKEN_BUDGET
+    from specdec.flag_types import AUTO
+
+    assert ray.get(stack.actor.info.remote())["device"] == "cpu"
+
+    async def budget(configured: int) -> int:
+        engine = await connect_engine(stack.clients[0], stack.pool, None, EngineConfig(speculation_token_budget=configured))
+        return engine.config.speculation_token_budget
+
+    assert stack.loop.run(budget(AUTO)) == CPU_TOKEN_BUDGET  # a CPU target: the budget measured on CPUs
+    assert stack.loop.run(budget(0)) == 0 and stack.loop.run(budget(40)) == 40  # a set value stays

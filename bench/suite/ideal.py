@@ -24,22 +24,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from bench.suite.spans import Request
+from bench.suite.spans import Request, per_position
 
 
 def position_rates(requests: Sequence[Request]) -> list[float]:
-    """[i]: P(draft i+1 accepted | drafts 1..i accepted), over the decode rounds of `requests`."""
-    judged: list[int] = []
-    accepted: list[int] = []
-    for request in requests:
-        for r in request.decode_rounds:
-            for i in range(min(r.k, r.accepted + 1)):  # position i is judged when all before it passed
-                if i == len(judged):
-                    judged.append(0)
-                    accepted.append(0)
-                judged[i] += 1
-                accepted[i] += r.accepted > i
-    return [a / n for a, n in zip(accepted, judged)]
+    """[i]: P(draft i+1 accepted | drafts 1..i accepted), over the decode rounds of `requests`:
+    position i is judged when every draft before it passed."""
+    return per_position((r for request in requests for r in request.decode_rounds), lambda r: min(r.k, r.accepted + 1))
 
 
 def expected_tokens(k: int, rates: Sequence[float]) -> float:

@@ -20,6 +20,18 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: Path, title: str, axes=()) -> None:
+    """Grid and legend on `axes` (when something is labelled), the title, and the file."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
 def speedup_vs_concurrency(results: dict, path: Path) -> None:
     plt = _pyplot()
     conc = results["concurrency"]
@@ -31,15 +43,10 @@ def speedup_vs_concurrency(results: dict, path: Path) -> None:
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent streams")
-        ax.grid(alpha=0.3)
     left.set_ylabel("aggregate tokens/s")
     right.set_ylabel("tokens/s over speculation off")
     right.axhline(1.0, color="black", lw=0.8)
-    left.legend()
-    fig.suptitle("Throughput under concurrency (mixed workload)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, "Throughput under concurrency (mixed workload)", (left, right))
 
 
 def acceptance_by_position(results: dict, path: Path) -> None:
@@ -56,13 +63,7 @@ def acceptance_by_position(results: dict, path: Path) -> None:
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / drafted at this position")
     ax.set_ylim(0, 1.05)
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:  # nothing drafted at all: no curves to name
-        ax.legend()
-    ax.set_title("Acceptance by position (batch 1, mean over prompts)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, "Acceptance by position (batch 1, mean over prompts)", (ax,))
 
 
 def time_split(results: dict, path: Path) -> None:
@@ -76,14 +77,10 @@ def time_split(results: dict, path: Path) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xticks(range(len(bars)), [name for name, _ in bars], fontsize=8)
     ax.set_ylabel("ms per decode round (median)")
-    ax.legend(fontsize=8)
-    ax.set_title("Where a round's time goes (batch 1, through the stack)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, "Where a round's time goes (batch 1, through the stack)", (ax,))
 
 
-def tokens_over_time(results: dict, path: Path, bin_s: float = 0.5) -> None:
+def tokens_over_time(results: dict, path: Path, bin_s: float = 2.0) -> None:
     plt = _pyplot()
     conc = results["concurrency"]
     top = str(max(int(n) for n in conc["off"]))
@@ -96,12 +93,7 @@ def tokens_over_time(results: dict, path: Path, bin_s: float = 0.5) -> None:
         ax.plot([i * bin_s for i in range(len(bins))], [b / bin_s for b in bins], color=color, label=label)
     ax.set_xlabel("seconds since the streams started")
     ax.set_ylabel(f"tokens/s ({bin_s} s bins)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(f"Aggregate tokens/s over time, {top} concurrent streams")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, f"Aggregate tokens/s over time, {top} concurrent streams", (ax,))
 
 
 def draw_all(results: dict, out_dir: Path) -> list[Path]:

@@ -66,7 +66,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model-drafter", default="first:4", help="draft model: first:N (the target's first N layers), a model spec, or none (default first:4)")
     p.add_argument("--concurrency", default="1,4,16,64", help="stream counts, comma separated; none to skip (default 1,4,16,64)")
     p.add_argument("--concurrency-prompts", type=int, default=8, help="mixed prompts the concurrency levels share (default 8)")
-    p.add_argument("--concurrency-new-tokens", type=int, default=32, help="tokens per concurrency request (default 32)")
+    p.add_argument("--concurrency-new-tokens", type=int, default=64, help="tokens per concurrency request (default 64)")
     p.add_argument("--concurrency-repeats", type=int, default=1, help="repeats of each concurrency cell; the median is kept (default 1)")
     p.add_argument("--load-aware-budget", type=int, default=16, help="the load-aware arm's speculation token budget: target positions per pass shared by the generating requests (default 16)")
     p.add_argument("--load-aware-running", type=int, default=0, help="the load-aware arm also stops drafting above this many generating requests (default 0: no such limit)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,17 +117,22 @@ def time_split(requests: list[Request]) -> dict[str, float]:
     return {name: statistics.median(values) if values else 0.0 for name, values in parts.items()}
 
 
+def per_position(rounds: Iterable[Round], depth: Callable[[Round], int]) -> list[float]:
+    """[i]: the share of the rounds counting draft position i + 1 (those with depth(round) > i)
+    in which it was accepted."""
+    counted: list[int] = []
+    accepted: list[int] = []
+    for r in rounds:
+        for i in range(depth(r)):
+            if i == len(counted):
+                counted.append(0)
+                accepted.append(0)
+            counted[i] += 1
+            accepted[i] += r.accepted > i
+    return [a / n for a, n in zip(accepted, counted)]
+
+
 def acceptance_by_position(requests: list[Request]) -> list[float]:
     """[i]: the share of rounds that drafted an (i+1)-th token in which it was accepted (vLLM's
     per-position acceptance: a rejection at i counts as a miss at every later position drafted)."""
-    drafted: list[int] = []
-    accepted: list[int] = []
-    for request in requests:
-        for r in request.rounds:
-            for i in range(r.k):
-                if i == len(drafted):
-                    drafted.append(0)
-                    accepted.append(0)
-                drafted[i] += 1
-                accepted[i] += r.accepted > i
-    return [a / n for a, n in zip(accepted, drafted)]
+    return per_position((r for request in requests for r in request.rounds), lambda r: r.k)
