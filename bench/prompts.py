@@ -49,13 +49,12 @@ _EDIT_TEMPLATE = (
 
 # Openers to continue, not instructions: the embedded Gemma 3 270M is a base model (no chat
 # template) and answers an instruction by repeating it, which would turn them into copy prompts.
-_FREE_PROMPTS = (
+_FREE_PROSE_PROMPTS = (
     ("trains", "Trains run on rails rather than roads for several reasons. First,"),
     ("bicycle", "The history of the bicycle begins in the early nineteenth century, when"),
     ("lisbon", "My first week in Lisbon was a blur of steep streets, yellow trams and"),
     ("bees", "Honey bees choose a new home in a surprisingly democratic way. When a colony swarms,"),
     ("lighthouse", "The old lighthouse keeper climbed the stairs one last time. At the top, he"),
-    ("fibonacci", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
 )
 
 # Code to continue: the body is not in the prompt.
@@ -64,6 +63,9 @@ _FREE_CODE_PROMPTS = (
     ("stack_class", 'class Stack:\n    """A last-in, first-out stack backed by a list."""\n\n    def __init__(self):\n'),
     ("word_count", 'import collections\n\n\ndef word_count(path):\n    """Count the words in a text file; return the ten most common."""\n'),
 )
+
+# The free workload of the older benchmarks (bench/single_process.py, bench/stack.py): the prose, then one code opener.
+_FREE_PROMPTS = _FREE_PROSE_PROMPTS + _FREE_CODE_PROMPTS[:1]
 
 
 def stdlib_source(module: str, qualname: str) -> str:
@@ -74,23 +76,25 @@ def stdlib_source(module: str, qualname: str) -> str:
     return textwrap.dedent(inspect.getsource(obj))
 
 
-def copy_prompts() -> list[tuple[str, str]]:
-    prompts = []
+def _sources() -> list[tuple[str, str, str]]:
+    """(module, qualname, source) of the listed functions that have 15-40 lines in this Python."""
+    out = []
     for module, qualname in _COPY_SOURCES:
         source = stdlib_source(module, qualname)
         if _MIN_LINES <= len(source.splitlines()) <= _MAX_LINES:
-            prompts.append((f"{module}.{qualname}", _COPY_TEMPLATE.format(source=source)))
-    return prompts
+            out.append((module, qualname, source))
+    return out
+
+
+def copy_prompts() -> list[tuple[str, str]]:
+    return [(f"{module}.{qualname}", _COPY_TEMPLATE.format(source=source)) for module, qualname, source in _sources()]
 
 
 def edit_prompts() -> list[tuple[str, str]]:
-    prompts = []
-    for module, qualname in _COPY_SOURCES:
-        source = stdlib_source(module, qualname)
-        if _MIN_LINES <= len(source.splitlines()) <= _MAX_LINES:
-            new_name = qualname.rsplit(".", 1)[-1].lstrip("_") + "_v2"
-            prompts.append((f"edit:{module}.{qualname}", _EDIT_TEMPLATE.format(source=source, new_name=new_name)))
-    return prompts
+    return [
+        (f"edit:{module}.{qualname}", _EDIT_TEMPLATE.format(source=source, new_name=qualname.rsplit(".", 1)[-1].lstrip("_") + "_v2"))
+        for module, qualname, source in _sources()
+    ]
 
 
 def _interleave(*lists: list) -> list:
@@ -108,7 +112,7 @@ def suite_workload(name: str, n: int) -> list[tuple[str, str]]:
     edits = edit_prompts()
     # An edit of a function already rewritten would be half a repeat: each function once.
     copy = _interleave(rewrites[0::2], edits[1::2])
-    free = _interleave(list(_FREE_PROMPTS[:-1]), list(_FREE_CODE_PROMPTS))
+    free = _interleave(list(_FREE_PROSE_PROMPTS), list(_FREE_CODE_PROMPTS))
     prompts = {"copy": copy, "free": free, "mixed": _interleave(copy, free)}.get(name)
     if prompts is None:
         raise ValueError(f"unknown workload {name!r}; expected one of {SUITE_WORKLOADS}")

@@ -67,13 +67,19 @@ POOL = "specdec-bench-stack"
 class Run:
     token_ids: list[int]
     seconds: float  # wall clock of the whole call, as the client sees it
-    rounds: int
-    draft_tokens: int
-    accepted_tokens: int
-    pipelined_rounds: int
-    draft_wait_s: float
-    verify_wait_s: float
-    generation_s: float  # the engine's first round to its last token
+    # What our engine reports (zero for a call that is not ours, transformers' in bench/suite):
+    rounds: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    pipelined_rounds: int = 0
+    draft_wait_s: float = 0.0
+    verify_wait_s: float = 0.0
+    generation_s: float = 0.0  # the engine's first round to its last token
+    trace_id: str = ""  # through the stack: the request's trace (bench/suite/spans.py reads its rounds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.seconds
 
     def split(self) -> dict[str, float]:
         """Shares of the wall time: draft wait, verify wait, coordinator, outside the engine."""
@@ -122,7 +128,7 @@ def stack_method(stub: generation_pb2_grpc.GenerationServiceStub, speculate: boo
         s = reply.speculation
         return Run(
             list(reply.token_ids), seconds, s.rounds, s.draft_tokens, s.accepted_tokens, s.pipelined_rounds,
-            s.draft_wait_seconds, s.verify_wait_seconds, s.generation_seconds,
+            s.draft_wait_seconds, s.verify_wait_seconds, s.generation_seconds, reply.trace_id,
         )  # fmt: skip
 
     return run

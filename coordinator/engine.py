@@ -190,13 +190,12 @@ class SpeculativeEngine:
             if share <= 0:
                 return 0, "load"
             k = best_k(acceptance.alpha, self.costs, min(cap, share))
-            if share < cap and k == share:
-                return k, "load"  # the load, not the request or its acceptance, set this k
             since_probe = 0 if k > 0 else since_probe + 1
             if k == 0 and since_probe >= cfg.probe_every:
                 since_probe = 0
                 return 1, "probe"
-            return k, "adaptive"
+            # "load" when the load, not the request or its acceptance, set this k.
+            return k, "load" if share < cap and k == share else "adaptive"
 
         started = time.perf_counter()
         first_token_s = None

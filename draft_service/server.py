@@ -239,9 +239,8 @@ def load_core(config: ServerConfig) -> DraftCore:
     from specdec.models import load_model
 
     inner = parse_spec(config.draft_model)  # "hybrid:SPEC": n-gram rounds where the context repeats
-    spec = config.draft_model if inner is None else inner
     # CPU only for now: batched_forward and the keyed sampler build their tensors on the CPU.
-    return DraftCore(load_model(spec), config.draft, hybrid=None if inner is None else HybridConfig())
+    return DraftCore(load_model(inner or config.draft_model), config.draft, hybrid=None if inner is None else HybridConfig())
 
 
 async def serve(config: ServerConfig, on_listening: Callable[[int, int], None] = lambda port, metrics_port: None) -> None:

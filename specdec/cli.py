@@ -130,8 +130,10 @@ def _cmd_generate(args) -> int:
     from coordinator.local import build_engine, load_pair
     from specdec.errors import InvalidArgument
 
+    from draft_service.hybrid import parse_spec
+
     target, draft = load_pair(args.target_model, args.draft_model)
-    engine = build_engine(target, draft, hybrid=(args.draft_model or "").startswith("hybrid:"))
+    engine = build_engine(target, draft, hybrid=parse_spec(args.draft_model or "") is not None)
     try:
         start = time.perf_counter()
         result = asyncio.run(engine.generate(request_from_proto(_request_proto(args))))

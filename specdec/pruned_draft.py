@@ -32,7 +32,7 @@ from specdec.draft_vocab import load_vocab, save_vocab
 from specdec.models import LoadedModel, load_model
 from specdec.projection import project
 from specdec.sampling import SamplingParams, warp
-from specdec.truncate import _decoder_layers
+from specdec.truncate import _decoder_layers, keep_first_layers
 
 DRAFT_FILE = "draft.json"  # marks the directory and names the target
 WEIGHTS_FILE = "model.safetensors"  # the layers and final norm: what differs from the target
@@ -86,28 +86,22 @@ def build_pruned_draft(target: PreTrainedModel, num_layers: int, vocab_ids: list
     """A new model: copies of the target's first `num_layers` layers and final norm (trainable
     later), the target's embedding *shared* (the same tensor, never copied or trained), and a
     `PrunedHead` of the target's output rows `vocab_ids`. The target is left unchanged."""
-    layers = _decoder_layers(target)
-    if not 1 <= num_layers <= len(layers):
-        raise ValueError(f"num_layers must be in [1, {len(layers)}] for this target, got {num_layers}")
     embedding, head = target.get_input_embeddings(), target.get_output_embeddings()
     # deepcopy with a memo: the embedding, the old head and the layers we drop are "already
     # copied" as themselves, so the copy costs only the kept layers (the embedding is 671 MB).
-    shared = [embedding, head, *layers[num_layers:]]
+    shared = [embedding, head, *_decoder_layers(target)[num_layers:]]
     draft = copy.deepcopy(target, memo={id(m): m for m in shared})
-    del _decoder_layers(draft)[num_layers:]
-    return _cut(draft, num_layers, head.weight, vocab_ids)
+    keep_first_layers(draft, num_layers)
+    return _prune_head(draft, head.weight, vocab_ids)
 
 
-def _cut(model: PreTrainedModel, num_layers: int, head_weight: torch.Tensor, vocab_ids: list[int]) -> PreTrainedModel:
-    """Set the config to `num_layers` layers and replace the output projection by a PrunedHead."""
+def _prune_head(model: PreTrainedModel, head_weight: torch.Tensor, vocab_ids: list[int]) -> PreTrainedModel:
+    """Replace the output projection by a PrunedHead of `head_weight`'s rows `vocab_ids`."""
     config = model.config
     text = config.get_text_config()
     full_vocab = head_weight.shape[0]
     if not vocab_ids or min(vocab_ids) < 0 or max(vocab_ids) >= full_vocab:
         raise ValueError(f"draft vocabulary ids must lie in [0, {full_vocab})")
-    text.num_hidden_layers = num_layers
-    if getattr(text, "layer_types", None):  # per-layer attention kinds (Gemma 3: sliding or full)
-        text.layer_types = text.layer_types[:num_layers]
     softcap = getattr(text, "final_logit_softcapping", None)
     # The head applies the softcap before writing -inf: a softcap after it would turn -inf into
     # -softcap, giving tokens outside the draft vocabulary a non-zero probability.
@@ -171,8 +165,8 @@ def load_pruned_draft(directory: str | Path, *, dtype: torch.dtype = torch.float
     if head_weight.shape[0] != meta["full_vocab"] or abs(_fingerprint(model, vocab_ids) - meta["fingerprint"]) > 1e-3 * abs(meta["fingerprint"]) + 1e-3:
         raise ValueError(f"{directory}: target {meta['target']!r} is not the model this draft was built from (embedding differs)")
     # The loaded target is ours alone: cut it in place rather than copying it.
-    del _decoder_layers(model)[meta["num_layers"] :]
-    _cut(model, meta["num_layers"], head_weight, vocab_ids)
+    keep_first_layers(model, meta["num_layers"])
+    _prune_head(model, head_weight, vocab_ids)
     weights = load_file(str(directory / WEIGHTS_FILE), device=str(head_weight.device))
     expected = set(trainable_names(model))
     if set(weights) != expected:

@@ -29,16 +29,21 @@ def first_layers_dir(target_spec: str | None, num_layers: int) -> Path:
 
 def _save_first_layers(target_spec: str | None, num_layers: int, out: Path) -> None:
     loaded = load_model(target_spec)
-    model, config = loaded.model, loaded.model.config
+    keep_first_layers(loaded.model, num_layers)
+    loaded.model.save_pretrained(out)
+    loaded.tokenizer.save_pretrained(out)
+
+
+def keep_first_layers(model: torch.nn.Module, num_layers: int) -> None:
+    """Cut `model`, in place, to its first `num_layers` decoder layers, and its config with it."""
     layers = _decoder_layers(model)
     if not 1 <= num_layers <= len(layers):
         raise ValueError(f"num_layers must be in [1, {len(layers)}] for this target, got {num_layers}")
     del layers[num_layers:]
+    config = model.config.get_text_config()
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None):  # per-layer attention kinds (Gemma 3: sliding or full)
         config.layer_types = config.layer_types[:num_layers]
-    model.save_pretrained(out)
-    loaded.tokenizer.save_pretrained(out)
 
 
 def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from bench.suite.ideal import efficiency
-from bench.suite.methods import Method, Run
+from bench.stack import Method, Run
 from bench.suite.spans import Request, acceptance_by_position, time_split
 
 BASELINE = "target_only"
@@ -93,17 +93,18 @@ def summarize(rows: list[dict]) -> dict:
     """Medians over prompts, of each figure separately."""
     med = statistics.median
 
-    def over(path: tuple[str, str]) -> float | None:
-        values = [row[path[0]][path[1]] for row in rows if path[1] in row[path[0]]]
-        return med(values) if values else None
+    def medians(field: str) -> dict[str, float]:
+        """The median of rows[*][field][name] for each name some row has."""
+        names = dict.fromkeys(name for row in rows for name in row[field])
+        return {name: med(row[field][name] for row in rows if name in row[field]) for name in names}
 
     methods = rows[0]["tokens_per_s"].keys()
     out = {
         "prompts": len(rows),
-        "tokens_per_s": {m: over(("tokens_per_s", m)) for m in methods},
-        "speedup": {m: over(("speedup", m)) for m in (*OURS, "hf_pld", "hf_assisted") if over(("speedup", m)) is not None},
-        "over_peer": {m: over(("over_peer", m)) for m in OURS if over(("over_peer", m)) is not None},
-        "acceptance_rate": {m: over(("acceptance_rate", m)) for m in OURS if over(("acceptance_rate", m)) is not None},
+        "tokens_per_s": medians("tokens_per_s"),
+        "speedup": medians("speedup"),
+        "over_peer": medians("over_peer"),
+        "acceptance_rate": medians("acceptance_rate"),
         "greedy_equal": {m: all(row["greedy_equal"][m] for row in rows) for m in methods},
         "ideal": {},
         "time_split_ms": {},

@@ -38,10 +38,10 @@ from tqdm import tqdm
 
 from bench import prompts as workloads
 from bench.single_process import _git_commit
-from bench.stack import coordinators, drafter_spec
+from bench.stack import coordinators, drafter_spec, stack_method
 from bench.suite import batch1, concurrency, plots, report
 from bench.suite.batch1 import Prompt
-from bench.suite.methods import hf_methods, stack_method
+from bench.suite.peer import hf_methods
 from bench.suite.spans import read_requests
 from coordinator.clients import DraftClient
 from coordinator.engine import EngineConfig
@@ -122,8 +122,6 @@ async def run(args: argparse.Namespace) -> dict:
     stack_config = StackConfig(
         target_model=args.target_model, draft_model="ngram", pool_name=POOL, trace_file=str(span_file), metrics_port=0, server=ServerConfig(port=0), engine=config
     )
-    n_methods = 3 + 2 * (draft_spec is not None) + 1
-    total = len(prompts) * args.repeats * n_methods + len(args.concurrency) * args.concurrency_repeats * len(concurrency.ARMS)
     results: dict = {"batch1": None, "concurrency": None}
     async with LocalStack(stack_config) as stack:
         model_server = await spawn_draft_server(draft_spec, str(span_file)) if draft_spec else None
@@ -134,11 +132,12 @@ async def run(args: argparse.Namespace) -> dict:
             if model_draft:
                 arms["model"] = (config, tracer)
             async with coordinators(stack, args.target_model, arms, {"model": model_draft} if model_draft else None) as stubs:
+                methods = {"target_only": stack_method(stubs["ngram"], False, args.k), "ngram": stack_method(stubs["ngram"], True, args.k)}
+                if model_draft:
+                    methods["model"] = stack_method(stubs["model"], True, args.k)
+                methods.update(hf_methods(target.model, args.k, assistant))
+                total = len(prompts) * args.repeats * len(methods) + len(args.concurrency) * args.concurrency_repeats * len(concurrency.ARMS)
                 with tqdm(total=total, desc="specdec bench", unit="run", file=sys.stderr) as progress:
-                    methods = {"target_only": stack_method(stubs["ngram"], False, args.k), "ngram": stack_method(stubs["ngram"], True, args.k)}
-                    if model_draft:
-                        methods["model"] = stack_method(stubs["model"], True, args.k)
-                    methods.update(hf_methods(target.model, args.k, assistant))
                     runs = await batch1.measure(methods, prompts, args.repeats, args.max_new_tokens, progress) if prompts else []
                     if args.concurrency:
                         ids = [p.ids for p in mixed]

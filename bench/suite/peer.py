@@ -1,6 +1,6 @@
-"""The ways of decoding the suite compares at batch 1, each a call (prompt ids, new tokens) -> Run.
+"""The peer's ways of decoding at batch 1, each a `bench.stack.Method`: (prompt ids, new tokens) -> Run.
 
-Ours go through the local stack over gRPC like any client (`stack_method`); the peer is
+Ours go through the local stack over gRPC like any client (`bench.stack.stack_method`); the peer is
 transformers' own `generate` in this process: greedy, prompt lookup (`prompt_lookup_num_tokens`)
 and assisted generation with a draft model (`assistant_model`). Every method decodes greedily
 and generates exactly the asked number of tokens (EOS off everywhere, as in
@@ -11,44 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import torch
 
-from specdec.v1 import generation_pb2 as pb
-from specdec.v1 import generation_pb2_grpc
-
-
-@dataclass
-class Run:
-    token_ids: list[int]
-    seconds: float  # wall clock of the whole call, as the caller sees it
-    trace_id: str = ""  # ours: the request's trace, for its rounds (bench/suite/spans.py)
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    rounds: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.token_ids) / self.seconds
-
-
-Method = Callable[[list[int], int], Awaitable[Run]]
-
-
-def stack_method(stub: generation_pb2_grpc.GenerationServiceStub, speculate: bool, k: int) -> Method:
-    async def run(prompt_ids: list[int], max_new_tokens: int) -> Run:
-        request = pb.GenerateRequest(
-            prompt_token_ids=prompt_ids, max_new_tokens=max_new_tokens, speculation=pb.SpeculationParams(disabled=not speculate, max_draft_tokens=k)
-        )
-        started = time.perf_counter()
-        reply = await stub.Generate(request)
-        seconds = time.perf_counter() - started
-        s = reply.speculation
-        return Run(list(reply.token_ids), seconds, reply.trace_id, s.draft_tokens, s.accepted_tokens, s.rounds)
-
-    return run
+from bench.stack import Method, Run
 
 
 def hf_method(model: torch.nn.Module, **generate_kwargs) -> Method:
