@@ -50,9 +50,16 @@ class HybridDrafter:
         self.ngram_rounds = 0  # rounds answered by prompt lookup
         self.model_rounds = 0  # rounds answered by the model
 
-    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
-        """The n-gram proposal when the context has a match of at least min_match tokens, else []."""
-        return self.ngram.propose(tokens, k)
+    def choose(self, tokens: Sequence[int], k: int) -> list[int]:
+        """This round's choice: the n-gram proposal when the context has a match of at least
+        min_match tokens, else [] (the model drafts). Counted either way; the draft service calls
+        it directly (its n-gram rounds need no model queue), propose_batch in process."""
+        ids = self.ngram.propose(tokens, k)
+        if ids:
+            self.ngram_rounds += 1
+        else:
+            self.model_rounds += 1
+        return ids
 
     def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
         return self.propose_batch([ProposeItem(session_id, tokens, k, sampling)])[0]
@@ -61,11 +68,9 @@ class HybridDrafter:
         """n-gram proposals where a match exists; one batched model step for all the others."""
         proposals: list[DraftProposal | None] = [None] * len(items)
         for i, item in enumerate(items):
-            if ids := self.lookup(item.tokens, item.k):
+            if ids := self.choose(item.tokens, item.k):
                 proposals[i] = DraftProposal(ids)  # point masses: no q
         rest = [i for i, p in enumerate(proposals) if p is None]
-        self.ngram_rounds += len(items) - len(rest)
-        self.model_rounds += len(rest)
         for i, proposal in zip(rest, self.model.propose_batch([items[i] for i in rest]) if rest else []):
             proposals[i] = proposal
         return proposals  # type: ignore[return-value]

@@ -163,15 +163,19 @@ class DraftCore:
         self._remember(call.session_id, context)
         if self.model is None:
             proposal = DraftProposal(self.ngram.propose(context, call.k))  # point masses: no q
+            source = "ngram"
         else:
             # Never draft past the draft model's context; fewer tokens is a valid proposal.
             k = min(call.k, self.max_context - len(context))
             # A hybrid's n-gram rounds are answered inline: they need no model, so no queue.
-            looked_up = self.hybrid.lookup(context, k) if self.hybrid is not None and k > 0 else []
+            looked_up = self.hybrid.choose(context, k) if self.hybrid is not None and k > 0 else []
             if looked_up:
                 proposal = DraftProposal(looked_up)  # point masses: no q
+                source = "ngram"
             else:
                 proposal = DraftProposal([]) if k <= 0 else await self._draft(self._item(call.session_id, context, k, sampling), deadline)
+                source = "model"
+        metrics.DRAFT_ROUNDS.labels(source).inc()
         self.stats.calls += 1
         metrics.DRAFT_TOKENS.inc(len(proposal.token_ids))
         self._gauges()

@@ -22,6 +22,7 @@ import sys
 import time
 
 from specdec import flag_types
+from specdec.shipped_draft import AUTO, resolve_drafter
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 # Prompt lookup drafts well when the output repeats the prompt, as code does: the embedded model
@@ -31,7 +32,12 @@ DEMO_PROMPT = "def add(a: int, b: int) -> int:\n    return a + b\n\n\ndef sub("
 
 def _add_model_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
     p.add_argument("--target-model", default=None, help=f"local dir, .gguf file or hub id (default: embedded Gemma 3 270M){scope}")
-    p.add_argument("--draft-model", default="ngram", help=f"local dir, .gguf file, hub id, or 'ngram' (default){scope}")
+    p.add_argument(
+        "--draft-model",
+        default=AUTO,
+        help="local dir, .gguf file, hub id, 'distilled' (the draft shipped for the embedded target), 'ngram' (prompt lookup), "
+        f"'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), or 'auto': hybrid:distilled for the embedded target, else ngram (default){scope}",
+    )
 
 
 def _generate_parser(sub) -> None:
@@ -132,8 +138,9 @@ def _cmd_generate(args) -> int:
 
     from draft_service.hybrid import parse_spec
 
-    target, draft = load_pair(args.target_model, args.draft_model)
-    engine = build_engine(target, draft, hybrid=parse_spec(args.draft_model or "") is not None)
+    drafter = resolve_drafter(args.draft_model, args.target_model)
+    target, draft = load_pair(args.target_model, drafter)
+    engine = build_engine(target, draft, hybrid=parse_spec(drafter) is not None)
     try:
         start = time.perf_counter()
         result = asyncio.run(engine.generate(request_from_proto(_request_proto(args))))
@@ -146,7 +153,7 @@ def _cmd_generate(args) -> int:
         print(json_format.MessageToJson(response))
         return 0
     print(result.text)
-    print("\n" + _summary(response, seconds, f"target {target.name}, draft {draft.name if draft else 'ngram'}"), file=sys.stderr)
+    print("\n" + _summary(response, seconds, f"target {target.name}, draft {drafter}"), file=sys.stderr)
     return 0
 
 
@@ -231,7 +238,7 @@ def _stack_config(args):
         raise SystemExit(f"specdec {args.command}: --default-draft-tokens must be in [0, --max-draft-tokens]")
     return StackConfig(
         target_model=args.target_model,
-        draft_model=args.draft_model,
+        draft_model=resolve_drafter(args.draft_model, args.target_model),
         target_replicas=args.target_replicas,
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,

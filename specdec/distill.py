@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from specdec import draft_vocab
 from specdec.distill_data import default_sources, load_corpus
@@ -61,6 +62,13 @@ class DistillConfig:
     time_budget_min: float | None = None
     save_dtype: str = "bfloat16"  # dtype of the shipped weights
     seed: int = 0
+    # Rows the target writes itself (specdec.distill_generate): the serving distribution. ~60
+    # tokens/s in batches of 32 on 2 cores, so 256 rows of 256 tokens take ~17 minutes, once.
+    generated_rows: int = 0
+    generated_share: float = 0.75  # share of each batch taken from them (when there are any)
+    prompt_tokens: int = 32  # corpus tokens (BOS included) each generated row starts from
+    generate_batch: int = 32
+    init_from: Path | None = None  # a draft directory (or a run's OUT) to start from: its vocabulary and weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,34 +93,50 @@ def distill(config: DistillConfig, target: LoadedModel | None = None) -> dict:
         params[name].requires_grad_(True)
     optimizer = torch.optim.AdamW([params[n] for n in names], lr=config.lr, weight_decay=0.0)
     state = _resume(ckpt, params, optimizer)
+    if state["step"] == 0 and config.init_from is not None:
+        _init_weights(config.init_from, params)
     log: list[dict] = state["log"]
     step, seconds = state["step"], state.get("seconds", 0.0)
     target_argmax = _heldout_targets(target, heldout, ckpt)  # (rows, seq_len) full-vocabulary ids
+    generated, heldout_generated = _generated(config, target, rows, heldout, ckpt)
+
+    def evaluate(entry: dict) -> dict:
+        entry["heldout_acceptance"] = _acceptance(draft, heldout, target_argmax)
+        if len(heldout_generated):
+            entry["heldout_generated_acceptance"] = _generated_acceptance(draft, heldout_generated, config.prompt_tokens)
+        return entry
+
     if step == 0:
-        log.append({"step": 0, "heldout_acceptance": _acceptance(draft, heldout, target_argmax)})
+        log.append(evaluate({"step": 0}))
 
     from tqdm import tqdm
 
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(config.seed))
+    n_generated = round(config.batch * config.generated_share) if len(generated) else 0
+    generated_order = torch.randperm(max(len(generated), 1), generator=torch.Generator().manual_seed(config.seed + 1))
     bar = tqdm(total=config.steps, initial=step, desc="distill", unit="step", dynamic_ncols=True)
     loss_ema = None
     while step < config.steps:
         if _time_fraction(config, seconds) >= 1.0:
             bar.write(f"time budget of {config.time_budget_min} min reached at step {step}")
             break
-        picks = [order[(step * config.batch + i) % len(rows)] for i in range(config.batch)]
+        n_corpus = config.batch - n_generated
+        picks = [order[(step * n_corpus + i) % len(rows)] for i in range(n_corpus)]
+        gen_picks = [generated_order[(step * n_generated + i) % len(generated)] for i in range(n_generated)]
+        batch = torch.cat([rows[torch.stack(picks)] if picks else rows[:0], generated[torch.stack(gen_picks)] if gen_picks else rows[:0]])
         lr = _lr(config, step, _time_fraction(config, seconds))
         for group in optimizer.param_groups:
             group["lr"] = lr
         t0 = time.monotonic()
-        loss = train_step(draft, target, rows[torch.stack(picks)], optimizer)
+        loss = train_step(draft, target, batch, optimizer)
         seconds += time.monotonic() - t0
         step += 1
         loss_ema = loss if loss_ema is None else 0.9 * loss_ema + 0.1 * loss
         entry = {"step": step, "kl": loss, "lr": lr, "seconds": round(seconds, 1)}
         if step % config.eval_every == 0 or step == config.steps:
-            entry["heldout_acceptance"] = _acceptance(draft, heldout, target_argmax)
-            bar.set_postfix(kl=f"{loss_ema:.3f}", acc=f"{entry['heldout_acceptance']:.3f}")
+            evaluate(entry)
+            shown = entry.get("heldout_generated_acceptance", entry["heldout_acceptance"])
+            bar.set_postfix(kl=f"{loss_ema:.3f}", acc=f"{shown:.3f}")
         else:
             bar.set_postfix(kl=f"{loss_ema:.3f}")
         log.append(entry)
@@ -121,7 +145,7 @@ def distill(config: DistillConfig, target: LoadedModel | None = None) -> dict:
             _save(config, ckpt, draft, target, optimizer, step, seconds, log)
     bar.close()
     if "heldout_acceptance" not in log[-1]:
-        log[-1]["heldout_acceptance"] = _acceptance(draft, heldout, target_argmax)
+        evaluate(log[-1])
     _save(config, ckpt, draft, target, optimizer, step, seconds, log)
     return log[-1]
 
@@ -154,6 +178,42 @@ def _acceptance(draft, heldout: torch.Tensor, target_argmax: torch.Tensor, chunk
         ids = head.to_full_ids(head.draft_logits(hidden).argmax(-1))  # (b, T) full-vocabulary ids
         hits += int((ids == target_argmax[start : start + chunk]).sum())
     return hits / max(heldout.numel(), 1)
+
+
+@torch.no_grad()
+def _generated_acceptance(draft, rows: torch.Tensor, prompt_len: int) -> float:
+    """Share of generated tokens (greedy: each is the target's argmax) the draft predicts."""
+    head = draft.get_output_embeddings()
+    hidden = draft.base_model(input_ids=rows, use_cache=False).last_hidden_state[:, prompt_len - 1 : -1]
+    ids = head.to_full_ids(head.draft_logits(hidden).argmax(-1))  # (rows, generated)
+    return float((ids == rows[:, prompt_len:]).float().mean())
+
+
+def _generated(config: DistillConfig, target: LoadedModel, rows: torch.Tensor, heldout: torch.Tensor, ckpt: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's continuations of training openings, and of held-out ones (evaluated)."""
+    if config.generated_rows <= 0:
+        return rows[:0], rows[:0]
+    from specdec.distill_generate import generated_rows
+
+    p, seq, b = config.prompt_tokens, config.seq_len, config.generate_batch
+    # Held-out first: a short run still measures what it trained for.
+    heldout_generated = generated_rows(target, heldout[:, :p], seq, ckpt / "heldout_generated.pt", b)
+    # Openings from the end of the shuffled corpus order's rows: any row works, these are cheap.
+    picks = torch.randperm(len(rows), generator=torch.Generator().manual_seed(config.seed + 2))[: config.generated_rows]
+    return generated_rows(target, rows[picks, :p], seq, ckpt / "generated.pt", b), heldout_generated
+
+
+def _init_weights(source: Path, params: dict) -> None:
+    """Start from another run's weights: its fp32 checkpoint when there is one, else its draft."""
+    source = Path(source)
+    state = source / "checkpoint" / "state.pt"
+    weights = torch.load(state)["weights"] if state.is_file() else load_file(str(source / "model.safetensors"))
+    if not set(weights) <= set(params) or any(params[n].shape != w.shape for n, w in weights.items()):
+        raise ValueError(f"{source}: its weights do not fit a draft of this shape (--layers must match)")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(tensor.to(params[name].dtype))
+    print(f"initialised from {source}", file=sys.stderr)
 
 
 def _check_same_run(config: DistillConfig, ckpt: Path) -> None:
@@ -189,6 +249,10 @@ def _vocab(config: DistillConfig, target: LoadedModel, rows: torch.Tensor, ckpt:
     """The pruned vocabulary, chosen once (target argmax counts on a sample, text counts) and kept."""
     if (ckpt / draft_vocab.VOCAB_FILE).is_file():
         return draft_vocab.load_vocab(ckpt)
+    if config.init_from is not None:  # its weights were trained against its vocabulary: keep it
+        ids = draft_vocab.load_vocab(Path(config.init_from))
+        draft_vocab.save_vocab(ckpt, ids)
+        return ids
     full = target.vocab_size
     size = config.vocab_size or full
     predictions = torch.zeros(full, dtype=torch.long)
@@ -254,7 +318,11 @@ def _plot(log: list[dict], path: Path) -> None:
         top.plot(*zip(*kl), lw=0.8)
     top.set_ylabel("train KL(p || q), nats")
     if acc:
-        bottom.plot(*zip(*acc), marker="o")
+        bottom.plot(*zip(*acc), marker="o", label="corpus text")
+    generated = [(e["step"], e["heldout_generated_acceptance"]) for e in log if "heldout_generated_acceptance" in e]
+    if generated:
+        bottom.plot(*zip(*generated), marker="s", label="target's own continuations")
+        bottom.legend()
     bottom.set_ylabel("held-out greedy acceptance")
     bottom.set_xlabel("step")
     fig.tight_layout()
@@ -301,12 +369,22 @@ def _parse(argv: list[str]) -> DistillConfig:
     p.add_argument("--time-budget-min", type=float, default=None, help="minutes of training over all runs, setup excluded; the LR decays by time too")
     p.add_argument("--save-dtype", choices=["bfloat16", "float32"], default=d.save_dtype, help=f"dtype of the shipped weights [{d.save_dtype}]")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--generated-rows", type=int, default=d.generated_rows, help=f"training rows the target writes (greedy continuations of corpus openings) [{d.generated_rows}]")
+    p.add_argument("--generated-share", type=float, default=d.generated_share, help=f"share of each batch taken from the generated rows [{d.generated_share}]")
+    p.add_argument("--prompt-tokens", type=int, default=d.prompt_tokens, help=f"corpus tokens each generated row starts from [{d.prompt_tokens}]")
+    p.add_argument("--generate-batch", type=int, default=d.generate_batch, help=f"rows generated at once [{d.generate_batch}]")
+    p.add_argument("--init-from", type=Path, default=None, help="start from this draft directory (or run OUT): its vocabulary and weights")
     a = p.parse_args(argv)
+    if not 0.0 <= a.generated_share <= 1.0:
+        p.error(f"--generated-share must lie in [0, 1], got {a.generated_share}")
+    if a.generated_rows and not 0 < a.prompt_tokens < a.seq_len:
+        p.error(f"--prompt-tokens must lie in (0, --seq-len), got {a.prompt_tokens}")
     return DistillConfig(
         target_model=a.target_model, out=a.out, layers=a.layers, vocab_size=a.vocab_size, steps=a.steps, seq_len=a.seq_len,
         batch=a.batch, lr=a.lr, eval_every=a.eval_every, checkpoint_every=a.checkpoint_every, corpus_mb=a.corpus_mb,
         sources=a.corpus or default_sources(), vocab_sample_tokens=a.vocab_sample_tokens, time_budget_min=a.time_budget_min,
-        save_dtype=a.save_dtype, seed=a.seed,
+        save_dtype=a.save_dtype, seed=a.seed, generated_rows=a.generated_rows, generated_share=a.generated_share,
+        prompt_tokens=a.prompt_tokens, generate_batch=a.generate_batch, init_from=a.init_from,
     )  # fmt: skip
 
 

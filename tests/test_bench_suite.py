@@ -91,19 +91,22 @@ def test_specdec_bench_runs_the_whole_suite(tiny_dir, ray_local, tmp_path, monke
     assert code == (0 if results["greedy_equal"] else 1)
     rows = results["batch1"]["prompts"]
     assert [row["workload"] for row in rows] == ["copy", "free"]
-    methods = {"target_only", "ngram", "model", "hf_greedy", "hf_pld", "hf_assisted"}
+    methods = {"target_only", "ngram", "model", "hybrid", "hf_greedy", "hf_pld", "hf_assisted"}
     # Every stack request was found in the trace file, with its rounds.
-    assert results["config"]["traced_requests"] == 2 * 3
+    assert results["config"]["traced_requests"] == 2 * 4
     for row in rows:
         assert set(row["tokens_per_s"]) == methods and all(v > 0 for v in row["tokens_per_s"].values())
         assert row["new_tokens"] == 8 and all(row["greedy_equal"].values())
-        assert set(row["speedup"]) == {"ngram", "model", "hf_pld", "hf_assisted"}
-        for name in ("ngram", "model"):
+        assert set(row["speedup"]) == {"ngram", "model", "hybrid", "hf_pld", "hf_assisted"}
+        for name in ("ngram", "model", "hybrid"):
             ideal = row["ideal"][name]
             assert ideal["ideal_speedup"] > 0 and ideal["t1_ms"] > 0 and 0 < ideal["efficiency"] < 5
-        for name in ("target_only", "ngram", "model"):
+        for name in ("target_only", "ngram", "model", "hybrid"):
             split = row["time_split_ms"][name]
-            assert split["verify_compute"] > 0 and split["round"] >= split["verify_compute"]
+            # A draft of the 1-layer target's first layer is the target: all 8 tokens may come in
+            # the prefill round and one more, which leaves no round between two others to time.
+            if name in ("target_only", "ngram") or split["round"] > 0:
+                assert split["verify_compute"] > 0 and split["round"] >= split["verify_compute"]
     conc = results["concurrency"]
     assert set(conc) == {"off", "on", "load_aware"}
     for arm, by_level in conc.items():
@@ -115,5 +118,10 @@ def test_specdec_bench_runs_the_whole_suite(tiny_dir, ray_local, tmp_path, monke
         assert sum(n for _, n in four["events"]) == four["tokens"]
     assert conc["off"]["4"]["draft_tokens"] == 0
     assert {g["goal"].split(":")[0] for g in results["goals"]} >= {"copy, batch 1", "free, batch 1"}
+    goals = {g["goal"] for g in results["goals"]}
+    assert "copy, batch 1: hybrid tokens/s over ngram's" in goals  # issue 10's goals are measured too
+    assert any(g.startswith("free, batch 1: ") and "drafter per-token acceptance" in g for g in goals)
+    free = results["batch1"]["summary"]["free"]
+    assert set(free["alpha_by_position"]) <= {"ngram", "model", "hybrid"} and "model" in free["alpha_by_position"]
     for name in ("acceptance_by_position.png", "time_split.png", "speedup_vs_concurrency.png", "tokens_over_time.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -179,3 +179,28 @@ def test_time_budget_stops_training_and_saves(target, target_spec, tmp_path):
                            vocab_sample_tokens=32, sources=[tmp_path / "text"], time_budget_min=1e-9)  # fmt: skip
     final = distill(config, target)
     assert final["step"] <= 1 and (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_generated_rows_are_the_targets_greedy_continuations_and_train_the_draft(target, target_spec, tmp_path):
+    """--generated-rows: rows of a corpus opening + the target's greedy continuation, resumable,
+    mixed into training, their held-out share measured; --init-from starts from another run."""
+    (tmp_path / "text").mkdir()
+    for i in range(4):
+        (tmp_path / "text" / f"doc{i}.txt").write_text(f"document {i}: the quick brown fox jumps over the lazy dog. " * 30)
+    base = DistillConfig(target_spec, tmp_path / "first", layers=1, vocab_size=96, steps=2, seq_len=24, batch=4,
+                         vocab_sample_tokens=64, sources=[tmp_path / "text"], save_dtype="float32",
+                         generated_rows=6, prompt_tokens=8, generate_batch=4)  # fmt: skip
+    final = distill(base, target)
+    generated = torch.load(tmp_path / "first" / "checkpoint" / "generated.pt")
+    assert generated.shape == (6, 24)
+    for row in generated[:2]:  # each row continues its opening exactly as the target alone would
+        assert row[8:].tolist() == target_only(target.model, row[:8].tolist(), 16, set())
+    assert 0.0 <= final["heldout_generated_acceptance"] <= 1.0
+
+    # Starting a second run from the first: same vocabulary, the first's weights before any step.
+    second = dataclasses.replace(base, out=tmp_path / "second", steps=0, init_from=tmp_path / "first")
+    distill(second, target)
+    assert draft_vocab.load_vocab(tmp_path / "second") == draft_vocab.load_vocab(tmp_path / "first")
+    a = load_model(str(tmp_path / "first")).model.state_dict()
+    b = load_model(str(tmp_path / "second")).model.state_dict()
+    assert all(torch.equal(a[name], b[name]) for name in a)

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from prometheus_client import REGISTRY
 
 from coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from coordinator.local import LocalModelProposer, LocalVerifier
@@ -40,11 +41,12 @@ def draft(target):
     return dataclasses.replace(target, model=build_pruned_draft(target.model, 1, ids), name="pruned")
 
 
-def test_lookup_needs_a_match_of_min_match_tokens(draft):
+def test_a_lookup_needs_a_match_of_min_match_tokens(draft):
     hybrid = HybridDrafter(ModelDrafter(draft), HybridConfig(min_match=3))
-    assert hybrid.lookup(REPEATS, 4) == [4, 9, 1, 2]
-    assert hybrid.lookup(NO_REPEAT, 4) == []
-    assert HybridDrafter(ModelDrafter(draft), HybridConfig(min_match=2)).lookup(NO_REPEAT, 2) == [4, 9]
+    assert hybrid.choose(REPEATS, 4) == [4, 9, 1, 2]
+    assert hybrid.choose(NO_REPEAT, 4) == []
+    assert (hybrid.ngram_rounds, hybrid.model_rounds) == (1, 1)
+    assert HybridDrafter(ModelDrafter(draft), HybridConfig(min_match=2)).choose(NO_REPEAT, 2) == [4, 9]
     with pytest.raises(ValueError):
         HybridDrafter(ModelDrafter(draft), HybridConfig(min_match=4, max_match=3))
     assert parse_spec("hybrid:some/dir") == "some/dir" and parse_spec("some/dir") is None
@@ -77,8 +79,13 @@ def test_hybrid_through_the_engine(target, draft, sampling):
         assert again.token_ids == runs[-1].token_ids and all(0 <= t < target.vocab_size for t in again.token_ids)
 
 
+def _rounds(source: str) -> float:
+    return REGISTRY.get_sample_value("specdec:draft_rounds_total", {"source": source}) or 0.0
+
+
 def test_draft_core_answers_lookups_inline_and_queues_the_rest(draft):
     core = DraftCore(draft, hybrid=HybridConfig())
+    before = _rounds("ngram"), _rounds("model")
 
     async def run():
         try:
@@ -92,6 +99,9 @@ def test_draft_core_answers_lookups_inline_and_queues_the_rest(draft):
     first, batches_after_lookup, second = asyncio.run(run())
     assert first.proposal.token_ids == [4, 9, 1] and first.proposal.draft_probs is None and batches_after_lookup == 0
     assert second.proposal.draft_probs is not None and core.stats.batches == 1
+    # Counted where operators see it (Prometheus) and on the drafter, one round of each kind.
+    assert (_rounds("ngram") - before[0], _rounds("model") - before[1]) == (1, 1)
+    assert (core.hybrid.ngram_rounds, core.hybrid.model_rounds) == (1, 1)
 
 
 def test_the_server_reads_hybrid_specs(tiny_dir):

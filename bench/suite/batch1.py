@@ -20,8 +20,8 @@ from bench.stack import Method, Run
 from bench.suite.spans import Request, acceptance_by_position, time_split
 
 BASELINE = "target_only"
-OURS = ("ngram", "model")  # speculative methods through the stack
-PEER = {"ngram": "hf_pld", "model": "hf_assisted"}  # the peer doing the same kind of drafting
+OURS = ("ngram", "model", "hybrid")  # speculative methods through the stack
+PEER = {"ngram": "hf_pld", "model": "hf_assisted"}  # the peer doing the same kind of drafting (the hybrid has none)
 
 
 @dataclass
@@ -78,7 +78,7 @@ def prompt_row(prompt: Prompt, runs: dict[str, list[Run]], requests: dict[str, R
         if name not in runs:
             continue
         row["speedup"][name] = tps[name] / tps[BASELINE]
-        if PEER[name] in tps:
+        if PEER.get(name) in tps:
             row["over_peer"][name] = tps[name] / tps[PEER[name]]
         last = runs[name][-1]
         row["acceptance_rate"][name] = last.accepted_tokens / last.draft_tokens if last.draft_tokens else 0.0
@@ -113,6 +113,9 @@ def summarize(rows: list[dict]) -> dict:
         ideals = [row["ideal"][m] for row in rows if m in row["ideal"]]
         if ideals:
             out["ideal"][m] = {key: med(i[key] for i in ideals) for key in ("ideal_speedup", "measured_decode_speedup", "efficiency", "c", "t1_ms", "verify_ms_median", "mean_k")}
+        curves = [row["acceptance_by_position"][m] for row in rows if row["acceptance_by_position"].get(m)]
+        if curves:  # position i: the median over the prompts that drafted that deep
+            out.setdefault("alpha_by_position", {})[m] = [med(c[i] for c in curves if i < len(c)) for i in range(max(map(len, curves)))]
     for m in methods:
         splits = [row["time_split_ms"][m] for row in rows if m in row["time_split_ms"]]
         if splits:

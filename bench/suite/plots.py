@@ -53,7 +53,7 @@ def acceptance_by_position(results: dict, path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for workload, summary in results["batch1"]["summary"].items():
-        for method, style in (("ngram", "o-"), ("model", "s--")):
+        for method, style in (("ngram", "o-"), ("model", "s--"), ("hybrid", "^:")):
             curves = [row["acceptance_by_position"][method] for row in results["batch1"]["prompts"] if row["workload"] == workload and row["acceptance_by_position"].get(method)]
             if not curves:
                 continue

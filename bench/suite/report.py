@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-_COLUMNS = (("target_only", "k=0"), ("ngram", "ngram"), ("model", "model"), ("hf_greedy", "hf"), ("hf_pld", "hf pld"), ("hf_assisted", "hf asst"))
+_COLUMNS = (("target_only", "k=0"), ("ngram", "ngram"), ("model", "model"), ("hybrid", "hybrid"), ("hf_greedy", "hf"), ("hf_pld", "hf pld"), ("hf_assisted", "hf asst"))
+_DRAFTERS = ("ngram", "model", "hybrid")
 
 
 def _f(value: float | None, fmt: str) -> str:
@@ -26,10 +27,28 @@ def batch1_table(batch1: dict, repeats: int, out=sys.stdout) -> None:
             line += f"{_f(row['speedup'].get('model'), '.2f'):>6}x{_f(row['acceptance_rate'].get('ngram'), '.0%'):>7}"
             line += f"{_f(ideal.get('ideal_speedup'), '.2f'):>6}x{_f(ideal.get('efficiency'), '.2f'):>6}{'yes' if all(row['greedy_equal'].values()) else 'NO':>6}"
             print(line, file=out)
+        drafter_table(workload, summary, out)
         print(f"-- where a decode round's time goes (median ms), workload {workload} --", file=out)
         print(f"{'method':<14}{'draft':>8}{'forward':>9}{'transport':>10}{'coord':>8}{'round':>8}", file=out)
         for m, split in summary["time_split_ms"].items():
             print(f"{m:<14}{split['draft_wait']:>8.1f}{split['verify_compute']:>9.1f}{split['verify_transport']:>10.1f}{split['coordination']:>8.2f}{split['round']:>8.1f}", file=out)
+
+
+def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
+    """Each drafter beside its Leviathan ideal: speedup, per-token acceptance, acceptance by
+    position, the cost ratio c and the ideal from them (medians over prompts)."""
+    print(f"-- drafters, workload {workload}: measured vs the Leviathan ideal (medians over prompts) --", file=out)
+    print(f"{'drafter':<8}{'x k=0':>7}{'accept':>8}{'alpha by position (1..6)':>32}{'c':>7}{'mean k':>7}{'ideal':>7}{'eff':>6}", file=out)
+    for m in _DRAFTERS:
+        if m not in summary["speedup"]:
+            continue
+        ideal = summary["ideal"].get(m, {})
+        alphas = " ".join(f"{a:.2f}" for a in summary.get("alpha_by_position", {}).get(m, [])[:6]) or "-"
+        print(
+            f"{m:<8}{_f(summary['speedup'].get(m), '.2f'):>6}x{_f(summary['acceptance_rate'].get(m), '.0%'):>8}{alphas:>32}"
+            f"{_f(ideal.get('c'), '.3f'):>7}{_f(ideal.get('mean_k'), '.1f'):>7}{_f(ideal.get('ideal_speedup'), '.2f'):>6}x{_f(ideal.get('efficiency'), '.2f'):>6}",
+            file=out,
+        )
 
 
 def concurrency_table(conc: dict, out=sys.stdout) -> None:
@@ -59,6 +78,16 @@ def goals(results: dict) -> list[dict]:
         copy = summary["copy"]
         goal("copy, batch 1: ngram tokens/s over target-only", copy["speedup"].get("ngram"), 3.0)
         goal("copy, batch 1: ngram tokens/s over transformers' prompt lookup", copy["over_peer"].get("ngram"), 1.1)
+    # Issue 10: the distilled draft on free text, the hybrid on copies.
+    if "free" in summary:
+        free = summary["free"]
+        best = max((m for m in ("model", "hybrid") if m in free["speedup"]), key=lambda m: free["speedup"][m], default=None)
+        if best:
+            goal(f"free, batch 1: {best} drafter per-token acceptance", free["acceptance_rate"].get(best), 0.5)
+            goal(f"free, batch 1: {best} drafter tokens/s over target-only", free["speedup"].get(best), 1.25)
+    if "copy" in summary and {"hybrid", "ngram"} <= set(summary["copy"]["tokens_per_s"]):
+        copy = summary["copy"]
+        goal("copy, batch 1: hybrid tokens/s over ngram's", copy["tokens_per_s"]["hybrid"] / copy["tokens_per_s"]["ngram"], 1.0)
     effs = [s["ideal"]["ngram"]["efficiency"] for s in summary.values() if "ngram" in s["ideal"]]
     if effs:
         goal("batch 1: efficiency (measured / Leviathan ideal), ngram, worst workload", min(effs), 0.9)

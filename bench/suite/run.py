@@ -2,8 +2,9 @@
 
 One run, on the same models and prompts, side by side:
   1. target-only decoding through the local stack (k = 0): the baseline;
-  2. speculation at batch 1 through the same stack: the n-gram drafter and a model drafter
-     (--model-drafter), adaptive k at most --k;
+  2. speculation at batch 1 through the same stack: the n-gram drafter, a model drafter
+     (--model-drafter) and the hybrid of both (prompt lookup where the context repeats, the model
+     elsewhere), adaptive k at most --k;
   3. the peer, transformers' own generate in this process: greedy, prompt lookup
      (prompt_lookup_num_tokens) and assisted generation with the same draft model (assistant_model);
   4. the ideal: Leviathan et al.'s speedup from the measured per-position acceptance and step
@@ -47,6 +48,7 @@ from coordinator.clients import DraftClient
 from coordinator.engine import EngineConfig
 from coordinator.server import ServerConfig
 from coordinator.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
+from specdec import shipped_draft
 from specdec.models import load_model
 from specdec.trace_file import JsonLinesSpanExporter
 
@@ -63,7 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="batch-1 repeats; figures are medians (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per batch-1 request (default 64)")
     p.add_argument("--k", type=int, default=8, help="the most draft tokens per round; ours adapt below it (default 8)")
-    p.add_argument("--model-drafter", default="first:4", help="draft model: first:N (the target's first N layers), a model spec, or none (default first:4)")
+    p.add_argument("--model-drafter", default="auto", help="draft model: first:N (the target's first N layers), a model spec, 'distilled' (the shipped draft), or none; auto = distilled for the embedded target when shipped, else first:4 (default auto)")
+    p.add_argument("--no-hybrid", action="store_true", help="leave out the hybrid arm (prompt lookup + the model drafter)")
+    p.add_argument("--no-peer", action="store_true", help="leave out transformers' methods")
     p.add_argument("--concurrency", default="1,4,16,64", help="stream counts, comma separated; none to skip (default 1,4,16,64)")
     p.add_argument("--concurrency-prompts", type=int, default=8, help="mixed prompts the concurrency levels share (default 8)")
     p.add_argument("--concurrency-new-tokens", type=int, default=64, help="tokens per concurrency request (default 64)")
@@ -116,26 +120,28 @@ async def run(args: argparse.Namespace) -> dict:
     target = load_model(args.target_model)
     prompts = [p for w in args.workload for p in _encode(target.tokenizer, workloads.suite_workload(w, args.prompts), w, args.max_prompt_tokens)]
     mixed = _encode(target.tokenizer, workloads.suite_workload("mixed", args.concurrency_prompts), "mixed", args.max_prompt_tokens) if args.concurrency else []
-    draft_spec = None if args.model_drafter == "none" else drafter_spec(args.model_drafter, args.target_model)
-    assistant = load_model(draft_spec).model if draft_spec else None
+    draft_spec = None if args.model_drafter == "none" else drafter_spec(_model_drafter(args), args.target_model)
+    assistant = load_model(draft_spec).model if draft_spec and not args.no_peer else None
     config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=True)
     stack_config = StackConfig(
         target_model=args.target_model, draft_model="ngram", pool_name=POOL, trace_file=str(span_file), metrics_port=0, server=ServerConfig(port=0), engine=config
     )
     results: dict = {"batch1": None, "concurrency": None}
     async with LocalStack(stack_config) as stack:
-        model_server = await spawn_draft_server(draft_spec, str(span_file)) if draft_spec else None
-        model_draft = DraftClient((await draft_server_ready(model_server))[0]) if model_server else None
+        # One more draft server per model arm: "model" serves the draft alone, "hybrid" with lookups.
+        specs = {"model": draft_spec} if draft_spec else {}
+        if draft_spec and not args.no_hybrid:
+            specs["hybrid"] = f"hybrid:{draft_spec}"
+        servers = {arm: await spawn_draft_server(spec, str(span_file)) for arm, spec in specs.items()}
+        drafts = {arm: DraftClient((await draft_server_ready(server))[0]) for arm, server in servers.items()}
         try:
             load_aware = replace(config, speculation_token_budget=args.load_aware_budget, speculation_max_running=args.load_aware_running)
-            arms = {"ngram": (config, tracer), "load_aware": (load_aware, tracer)}
-            if model_draft:
-                arms["model"] = (config, tracer)
-            async with coordinators(stack, args.target_model, arms, {"model": model_draft} if model_draft else None) as stubs:
+            arms = {"ngram": (config, tracer), "load_aware": (load_aware, tracer)} | {arm: (config, tracer) for arm in drafts}
+            async with coordinators(stack, args.target_model, arms, drafts or None) as stubs:
                 methods = {"target_only": stack_method(stubs["ngram"], False, args.k), "ngram": stack_method(stubs["ngram"], True, args.k)}
-                if model_draft:
-                    methods["model"] = stack_method(stubs["model"], True, args.k)
-                methods.update(hf_methods(target.model, args.k, assistant))
+                methods |= {arm: stack_method(stubs[arm], True, args.k) for arm in drafts}
+                if not args.no_peer:
+                    methods.update(hf_methods(target.model, args.k, assistant))
                 total = len(prompts) * args.repeats * len(methods) + len(args.concurrency) * args.concurrency_repeats * len(concurrency.ARMS)
                 with tqdm(total=total, desc="specdec bench", unit="run", file=sys.stderr) as progress:
                     runs = await batch1.measure(methods, prompts, args.repeats, args.max_new_tokens, progress) if prompts else []
@@ -147,10 +153,10 @@ async def run(args: argparse.Namespace) -> dict:
             provider.force_flush()
             await asyncio.sleep(_FLUSH_S)  # the other processes' exporters, before the stack stops them
         finally:
-            if model_draft:
-                await model_draft.close()
-            if model_server:
-                await terminate(model_server)
+            for client in drafts.values():
+                await client.close()
+            for server in servers.values():
+                await terminate(server)
     provider.shutdown()
     trace_ids = {run.trace_id for by_method in runs for method_runs in by_method.values() for run in method_runs if run.trace_id}
     requests = read_requests(span_file, trace_ids)
@@ -178,6 +184,13 @@ async def run(args: argparse.Namespace) -> dict:
     }
     results["goals"] = report.goals(results)
     return results
+
+
+def _model_drafter(args: argparse.Namespace) -> str:
+    """--model-drafter auto: the shipped distilled draft for the embedded target, else first:4."""
+    if args.model_drafter != "auto":
+        return args.model_drafter
+    return shipped_draft.DISTILLED if args.target_model in (None, "default") and shipped_draft.available() else "first:4"
 
 
 def main(argv: list[str] | None = None) -> int:
