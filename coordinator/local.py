@@ -71,13 +71,16 @@ class LocalVerifier(_Serialized):
         await self._call(self.verifier.end_session, session_id)
 
 
-def build_engine(target: LoadedModel, draft: LoadedModel | None, config: EngineConfig = EngineConfig(), *, hybrid: bool = False) -> SpeculativeEngine:
+def build_engine(
+    target: LoadedModel, draft: LoadedModel | None, config: EngineConfig = EngineConfig(), *, hybrid: bool = False, min_confidence: float | None = None
+) -> SpeculativeEngine:
     """The single-process engine; `draft` None means the n-gram drafter, `hybrid` prompt lookup
-    where the context repeats and the draft model elsewhere (draft_service/hybrid.py)."""
+    where the context repeats and the draft model elsewhere (draft_service/hybrid.py);
+    `min_confidence` as the draft service's (None: the draft's own)."""
     if draft is None:
         proposer = LocalNgramProposer()
     else:
-        drafter = ModelDrafter(draft)
+        drafter = ModelDrafter(draft, min_confidence=min_confidence)
         proposer = LocalModelProposer(HybridDrafter(drafter) if hybrid else drafter)
     return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
 

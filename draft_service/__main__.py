@@ -43,6 +43,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("max-batch", defaults.max_batch, flag_types.positive_int, "most Propose calls one batched model step serves")
     flag("max-queue", defaults.max_queue, flag_types.positive_int, "calls waiting for the model beyond this get RESOURCE_EXHAUSTED")
     flag("max-draft-tokens", defaults.max_draft_tokens, flag_types.positive_int, "largest k a call may ask for")
+    flag("min-confidence", "auto", flag_types.probability_or_auto, "greedy model drafts stop before a token the draft gives less probability than this; 0 = off, auto = the draft's own (a distilled draft's draft.json), else off")
     flag("grace", server.grace_s, flag_types.seconds, "seconds in-flight calls get to finish after SIGTERM")
     flag("drain-delay", server.drain_delay_s, flag_types.seconds, "seconds to report NOT_SERVING before refusing calls after SIGTERM")
     flag("auth-token", None, str, "calls but health checks must carry 'authorization: Bearer <token>' (prefer the env variable: flags show in ps)")
@@ -66,6 +67,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Se
             max_sessions=args.max_sessions,
             max_cached_tokens=args.max_cached_tokens,
             session_ttl_s=args.session_ttl or None,
+            min_confidence=args.min_confidence,
         ),
     )
 

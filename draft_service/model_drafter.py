@@ -4,6 +4,14 @@ Each call names the full context; the drafter keeps the longest prefix it alread
 rolls back the rest (the rejected drafts of the last round) and feeds only what is new. When
 sampling, token i is drawn from the warped draft distribution q_i with the request's keyed noise
 at its absolute position, and q travels with the proposal for the acceptance test.
+
+Greedy drafts stop early at the first token the draft itself is unsure of (its probability below
+`min_confidence`, as transformers' assisted generation does with assistant_confidence_threshold):
+a weak draft's confident guesses are right far more often than its average one (the distilled
+2-layer draft on the free-continuation prompts: 23% of all its greedy tokens are the target's,
+40% of those it gives at least 0.3, 14% of the rest), and an unsure token costs a verify
+position that it rarely pays back. The stop depends on the draft alone, so greedy output is
+unchanged. Sampled requests keep their k: their output depends on how the drafts were cut.
 """
 
 from __future__ import annotations
@@ -32,8 +40,13 @@ class ProposeItem:
 
 
 class ModelDrafter:
-    def __init__(self, loaded: LoadedModel, sessions: MutableMapping[str, SequenceCache] | None = None):
+    def __init__(self, loaded: LoadedModel, sessions: MutableMapping[str, SequenceCache] | None = None, min_confidence: float | None = None):
+        if min_confidence is None:  # the draft's own (draft.json of a distilled draft), else off
+            min_confidence = loaded.min_confidence
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must lie in [0, 1), got {min_confidence}")
         self.loaded = loaded
+        self.min_confidence = min_confidence  # greedy drafts end before a token the draft gives less
         # Any mapping works: the draft server passes a bounded store (LRU, TTL), where an evicted
         # session is simply a cache miss that `resume` answers with a fresh prefill.
         self.sessions = sessions if sessions is not None else {}
@@ -60,10 +73,14 @@ class ModelDrafter:
         step = 0
         while active:
             logits = batched_forward(self.loaded.model, [(sessions[i], feeds[i]) for i in active], [1] * len(active))
+            unsure = set()
             for i, row in zip(active, logits):
                 item = items[i]
                 if item.sampling.greedy:
                     token = int(torch.argmax(row[-1]))
+                    if self.min_confidence > 0.0 and self._confidence(row[-1], token) < self.min_confidence:
+                        unsure.add(i)  # this token and any after it stay undrafted
+                        continue
                 else:
                     q = warp(row[-1], item.sampling) if self._vocab_ids is None else warp_pruned(row[-1], item.sampling, self._vocab_ids)  # (vocab,)
                     token = rng.sample(q, item.sampling.seed, len(item.tokens) + step, Stream.DRAFT)
@@ -72,13 +89,18 @@ class ModelDrafter:
                 feeds[i] = [token]
             step += 1
             # The last draft token's own logits are never needed, so it is not fed.
-            active = [i for i in active if items[i].k > step]
+            active = [i for i in active if items[i].k > step and i not in unsure]
         for proposal, q_rows in zip(proposals, rows):
             if q_rows:
                 proposal.draft_probs = torch.stack(q_rows)  # (k, vocab)
         # No trim here: sliding layers keep this burst until the next call's rollback drops the
         # rejected drafts, which they could not do once trimmed to their window.
         return proposals
+
+    @staticmethod
+    def _confidence(logits: torch.Tensor, token: int) -> float:
+        """The draft's probability of `token` (pruned drafts: -inf outside their vocabulary)."""
+        return float(torch.exp(logits[token].float() - torch.logsumexp(logits.float(), dim=-1)))
 
     def end_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)

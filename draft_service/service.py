@@ -50,6 +50,9 @@ class DraftConfig:
     # 18 layers x 2 x 256 x 4 B = 36 KiB of KV per position, so 65,536 positions is ~2.3 GiB.
     max_cached_tokens: int = 65536
     session_ttl_s: float | None = 300.0  # idle sessions (their coordinator died) expire after this; None: never
+    # Greedy model drafts stop before a token the draft gives less (model_drafter.py); None: the
+    # draft's own threshold (a distilled draft's draft.json), else 0 (off).
+    min_confidence: float | None = None
 
 
 class SessionMiss(Exception):
@@ -136,7 +139,7 @@ class DraftCore:
         else:
             from draft_service.model_drafter import ModelDrafter
 
-            self.model = ModelDrafter(loaded, sessions=_CacheView(self.store))
+            self.model = ModelDrafter(loaded, sessions=_CacheView(self.store), min_confidence=config.min_confidence)
             if hybrid is not None:
                 from draft_service.hybrid import HybridDrafter
 

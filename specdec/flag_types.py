@@ -55,3 +55,15 @@ AUTO = -1  # an int flag's "auto": the service decides from what it finds (its h
 
 def nonnegative_int_or_auto(text: str) -> int:
     return AUTO if text == "auto" else nonnegative_int(text)
+
+
+def probability_or_auto(text: str) -> float | None:
+    return None if text == "auto" else probability(text)
+
+
+def probability(text: str) -> float:
+    """A threshold in [0, 1): 0 turns it off, 1 would refuse everything."""
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value

@@ -52,6 +52,9 @@ class LoadedModel:
     eos_token_ids: frozenset[int]  # generation_config.eos_token_id plus tokenizer.eos_token_id
     vocab_size: int  # rows of the output projection (the logits width), may exceed len(tokenizer)
     max_context: int  # max_position_embeddings of the text config
+    # A draft's own greedy stop threshold (draft_service/model_drafter.py): a distilled draft
+    # stores the one measured for it in draft.json; 0 (off) for any other model.
+    min_confidence: float = 0.0
 
 
 def cache_dir() -> Path:

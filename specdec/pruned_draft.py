@@ -119,8 +119,11 @@ def trainable_names(draft: PreTrainedModel) -> list[str]:
     return [name for name, p in draft.named_parameters() if id(p) not in skip]
 
 
-def save_pruned_draft(draft: PreTrainedModel, out: Path, target_spec: str | None, target: PreTrainedModel, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Write `out`/draft.json, vocab.json and model.safetensors (the trainable weights in `dtype`)."""
+def save_pruned_draft(
+    draft: PreTrainedModel, out: Path, target_spec: str | None, target: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, min_confidence: float = 0.0
+) -> None:
+    """Write `out`/draft.json, vocab.json and model.safetensors (the trainable weights in `dtype`);
+    `min_confidence` is the greedy stop threshold the draft's drafter uses unless told otherwise."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     params = dict(draft.named_parameters())
@@ -139,6 +142,7 @@ def save_pruned_draft(draft: PreTrainedModel, out: Path, target_spec: str | None
         "full_vocab": head.full_vocab,
         "draft_vocab": len(vocab_ids),
         "fingerprint": _fingerprint(target, vocab_ids),
+        "min_confidence": min_confidence,
     }
     (out / DRAFT_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -182,6 +186,7 @@ def load_pruned_draft(directory: str | Path, *, dtype: torch.dtype = torch.float
         eos_token_ids=target.eos_token_ids,
         vocab_size=meta["full_vocab"],  # drafts are full-vocabulary ids, like the target's
         max_context=target.max_context,
+        min_confidence=float(meta.get("min_confidence", 0.0)),
     )
 
 

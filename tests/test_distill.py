@@ -166,6 +166,7 @@ def test_distill_writes_a_servable_draft_and_resumes_where_it_stopped(target_spe
     assert torch.load(out / "checkpoint" / "state.pt")["step"] == 6
     draft = load_model(str(out))
     assert draft.model.config.num_hidden_layers == 1 and len(draft_vocab.load_vocab(out)) == 96
+    assert draft.min_confidence == DistillConfig(None, out).min_confidence > 0  # draft.json's greedy stop threshold
     assert (out / "progress.png").is_file() or pytest.importorskip("matplotlib") is None
     with pytest.raises(ValueError, match="vocab_size"):  # a checkpoint resumes only the run that made it
         main([a if a != "96" else "64" for a in args] + ["--steps", "8"])

@@ -427,6 +427,45 @@ def test_flags_and_environment_map_onto_the_config():
             parse_config(argv, env)
 
 
+def test_greedy_drafts_stop_before_the_first_token_the_draft_is_unsure_of(tiny):
+    import dataclasses
+
+    import torch
+
+    from reference import target_only
+
+    target, draft = tiny("llama", TARGET_SEED), tiny("llama", DRAFT_SEED)
+    full = ModelDrafter(draft).propose("a", PROMPT, 8, SamplingParams()).token_ids
+    assert len(full) == 8  # off unless asked for: a plain model has no threshold of its own
+    confidences, tokens = [], list(PROMPT)
+    for token in full:  # the draft's own probability of each of its greedy tokens
+        logits = draft.model(input_ids=torch.tensor([tokens])).logits[0, -1]  # (vocab,)
+        confidences.append(float(torch.softmax(logits.float(), -1)[token]))
+        tokens.append(token)
+    cuts = set()
+    for threshold in sorted({min(c + 1e-4, 0.999) for c in confidences} | {0.5}):
+        cut = next((j for j, c in enumerate(confidences) if c < threshold), len(full))
+        assert ModelDrafter(draft, min_confidence=threshold).propose("a", PROMPT, 8, SamplingParams()).token_ids == full[:cut]
+        cuts.add(cut)
+    assert len(cuts) > 1  # the thresholds tried did cut at different depths
+    # A draft that carries its own threshold (a distilled draft's draft.json) uses it by default.
+    assert ModelDrafter(dataclasses.replace(draft, min_confidence=0.999)).propose("c", PROMPT, 8, SamplingParams()).token_ids == full[: min(cuts)]
+    sampled = SamplingParams(temperature=0.8, seed=3)  # sampled drafts keep k: their output depends on the cut
+    assert len(ModelDrafter(draft, min_confidence=0.999).propose("b", PROMPT, 8, sampled).token_ids) == 8
+    with pytest.raises(ValueError):
+        ModelDrafter(draft, min_confidence=1.0)
+    # Through the engine, greedy output is the target's own at any threshold.
+    expected = target_only(target.model, PROMPT, NEW_TOKENS, target.eos_token_ids)
+    for threshold in (0.3, 0.9):
+        engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(draft, min_confidence=threshold)), LocalVerifier(TargetVerifier(target)), target, EngineConfig(adaptive=False))
+        result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=NEW_TOKENS, max_draft_tokens=6)))
+        assert result.token_ids == expected
+    assert parse_config(["--min-confidence", "0.4"], {}).draft.min_confidence == 0.4
+    assert parse_config([], {}).draft.min_confidence is None  # auto: the draft's own
+    with pytest.raises(SystemExit):
+        parse_config(["--min-confidence", "1"], {})
+
+
 # --- replica affinity -----------------------------------------------------------------------------
 
 
