@@ -177,6 +177,11 @@ class SpeculativeEngine:
 
         acceptance = Acceptance()
         fixed_k = not cfg.adaptive  # a sampled model draft fixes k: seeded outputs then depend on k only
+        # A draft call after rounds without drafts (the first one included) also feeds a draft
+        # model every token committed since (the whole prompt, the first time): that catch-up is
+        # not a drafted token's cost. Counted, it priced a 2-layer draft's token at 0.3-1 target
+        # steps instead of 0.12, and k = 0 stuck (no drafting, so no cheaper measurement).
+        drafted_last_round = False
         since_probe = 0
 
         def choose_k(cap: int) -> tuple[int, str]:
@@ -231,7 +236,9 @@ class SpeculativeEngine:
                 stats.verify_wait_s += t2 - t1
                 if stats.rounds:  # the first round's verify includes the prompt's prefill: not a round's cost
                     self.costs.observe_verify(len(proposal.token_ids) + 1, t2 - t1)
-                self.costs.observe_draft(len(proposal.token_ids), t1 - t0)
+                if drafted_last_round:
+                    self.costs.observe_draft(len(proposal.token_ids), t1 - t0)
+                drafted_last_round = k > 0
                 acceptance.observe(len(proposal.token_ids), result.num_accepted)
                 fixed_k |= not request.sampling.greedy and proposal.draft_probs is not None
                 stats.record(len(proposal.token_ids), result.num_accepted)

@@ -36,7 +36,7 @@ def _add_model_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
         "--draft-model",
         default=AUTO,
         help="local dir, .gguf file, hub id, 'distilled' (the draft shipped for the embedded target), 'ngram' (prompt lookup), "
-        f"'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), or 'auto': hybrid:distilled for the embedded target, else ngram (default){scope}",
+        f"'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), or 'auto': the best drafter shipped for the target, ngram today (default){scope}",
     )
 
 
@@ -149,11 +149,8 @@ def _cmd_generate(args) -> int:
         print(f"invalid argument: {e}", file=sys.stderr)
         return 2
     response = response_to_proto(result)
-    if args.json:
-        print(json_format.MessageToJson(response))
-        return 0
-    print(result.text)
-    print("\n" + _summary(response, seconds, f"target {target.name}, draft {drafter}"), file=sys.stderr)
+    print(json_format.MessageToJson(response) if args.json else result.text)
+    print("\n" + _summary(response, seconds, f"target {target.name}, draft {drafter}"), file=sys.stderr)  # stderr: stdout stays JSON with --json
     return 0
 
 

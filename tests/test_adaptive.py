@@ -169,3 +169,29 @@ def test_a_token_budget_shrinks_drafts_as_load_grows_then_turns_them_off(tiny):
     assert alone.token_ids == shared.token_ids == crowded.token_ids
     engine.running = 0
     assert asyncio.run(engine.generate(request)).stats.draft_tokens > 0  # load gone: drafts back
+
+
+class SlowFirstCall:
+    """A self-draft (always right) whose first call is slow, as a draft model's prompt prefill is."""
+
+    def __init__(self, drafter: ModelDrafter, first_s: float):
+        self.inner = LocalModelProposer(drafter)
+        self.first_s = first_s
+        self.calls = 0
+
+    async def propose(self, session_id, tokens, k, sampling):
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.sleep(self.first_s)
+        return await self.inner.propose(session_id, tokens, k, sampling)
+
+    async def end_session(self, session_id):
+        await self.inner.end_session(session_id)
+
+
+def test_a_draft_models_prompt_prefill_is_not_taken_for_its_per_token_cost(tiny):
+    # Counted, the 0.3 s prefill would price a draft token above a whole verify pass: k = 0 would
+    # stick (no more draft calls, so no cheaper measurement to correct it).
+    result, verifier = _adaptive_run(tiny, lambda target: SlowFirstCall(ModelDrafter(target), 0.3), base_s=0.03)
+    drafted = [n - 1 for n in verifier.positions[1:-1]]
+    assert sum(drafted) / len(drafted) >= 4 and len(verifier.positions) <= 12

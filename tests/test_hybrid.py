@@ -52,6 +52,17 @@ def test_a_lookup_needs_a_match_of_min_match_tokens(draft):
     assert parse_spec("hybrid:some/dir") == "some/dir" and parse_spec("some/dir") is None
 
 
+def test_a_shorter_match_answers_when_the_model_declines(draft):
+    """Greedy drafts stop at the model's first unsure token; a round the model declines entirely
+    takes a match shorter than min_match instead of nothing (NO_REPEAT: 2 3 -> 4 9)."""
+    unsure = HybridDrafter(ModelDrafter(draft, min_confidence=0.999))
+    assert unsure.propose("a", NO_REPEAT, 2, GREEDY).token_ids == [4, 9]
+    assert (unsure.ngram_rounds, unsure.model_rounds, unsure.short_rounds) == (0, 1, 1)
+    sure = HybridDrafter(ModelDrafter(draft))  # no threshold: the model answers
+    assert sure.propose("a", NO_REPEAT, 2, GREEDY).token_ids == ModelDrafter(draft).propose("b", NO_REPEAT, 2, GREEDY).token_ids
+    assert sure.short_rounds == 0
+
+
 def test_each_round_is_a_lookup_or_a_model_draft(draft):
     hybrid = HybridDrafter(ModelDrafter(draft))
     looked_up, modelled = hybrid.propose_batch([ProposeItem("a", REPEATS, 3, SAMPLED), ProposeItem("b", NO_REPEAT, 3, SAMPLED)])
@@ -85,7 +96,7 @@ def _rounds(source: str) -> float:
 
 def test_draft_core_answers_lookups_inline_and_queues_the_rest(draft):
     core = DraftCore(draft, hybrid=HybridConfig())
-    before = _rounds("ngram"), _rounds("model")
+    before = _rounds("ngram"), _rounds("model"), _rounds("ngram_short")
 
     async def run():
         try:
@@ -102,6 +113,18 @@ def test_draft_core_answers_lookups_inline_and_queues_the_rest(draft):
     # Counted where operators see it (Prometheus) and on the drafter, one round of each kind.
     assert (_rounds("ngram") - before[0], _rounds("model") - before[1]) == (1, 1)
     assert (core.hybrid.ngram_rounds, core.hybrid.model_rounds) == (1, 1)
+
+    # A model that declines every greedy draft: the server answers with the shorter match.
+    unsure = DraftCore(dataclasses.replace(draft, min_confidence=0.999), hybrid=HybridConfig())
+
+    async def declined():
+        try:
+            return await unsure.propose(ProposeCall("c", 0, NO_REPEAT, 2, GREEDY))
+        finally:
+            await unsure.close()
+
+    assert asyncio.run(declined()).proposal.token_ids == [4, 9]
+    assert _rounds("ngram_short") - before[2] == 1
 
 
 def test_the_server_reads_hybrid_specs(tiny_dir):

@@ -1,14 +1,21 @@
-"""The distilled draft shipped for the embedded target: how specs name it and the default drafter
-it makes."""
+"""The distilled draft shipped for the embedded target: how specs name it, the default drafter it
+makes, and (slow) the real draft through `specdec generate`, lossless."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+import torch
+from google.protobuf import json_format
+
+from reference import target_only
 from specdec import draft_vocab, shipped_draft
+from specdec.cli import main
 from specdec.models import load_model, load_tokenizer
 from specdec.pruned_draft import build_pruned_draft, save_pruned_draft
 from specdec.tiny import EOS_ID, TOKENIZER_SIZE
+from specdec.v1 import generation_pb2 as pb
 
 
 @pytest.fixture
@@ -22,7 +29,13 @@ def shipped(tiny, tiny_dir, tmp_path, monkeypatch):
     return tmp_path / "drafts"
 
 
-def test_auto_is_the_hybrid_distilled_draft_for_the_embedded_target_only(shipped, monkeypatch):
+def test_auto_is_the_n_gram_drafter_until_the_shipped_draft_beats_it():
+    for target in (None, "default", "some/other-model"):
+        assert shipped_draft.resolve_drafter("auto", target) == shipped_draft.resolve_drafter(None, target) == "ngram"
+
+
+def test_auto_can_only_pick_the_shipped_draft_for_the_embedded_target(shipped, monkeypatch):
+    monkeypatch.setattr(shipped_draft, "AUTO_DRAFTER", "hybrid:distilled")  # the switch, once it pays
     assert shipped_draft.available()
     for embedded in (None, "default"):
         assert shipped_draft.resolve_drafter("auto", embedded) == "hybrid:distilled"
@@ -39,3 +52,42 @@ def test_distilled_names_the_shipped_directory_wherever_a_model_is_named(shipped
     assert draft.name == str(shipped) and draft.model.config.num_hidden_layers == 1
     assert draft_vocab.load_vocab(shipped) == draft.model.get_output_embeddings().vocab_ids.tolist()
     assert load_tokenizer("distilled").vocab_size == load_tokenizer(shipped_draft.resolve_model("distilled")).vocab_size
+
+
+def test_the_repository_ships_the_draft():
+    """The draft is in the repository, small, and made for the embedded target."""
+    assert shipped_draft.available()
+    files = {p.name: p.stat().st_size for p in shipped_draft.DIRECTORY.iterdir()}
+    assert set(files) >= {"draft.json", "vocab.json", "model.safetensors"}
+    assert sum(files.values()) < 40e6  # only the layers it trained: the embedding and head rows are the target's
+    from specdec.pruned_draft import target_spec
+
+    assert target_spec(shipped_draft.DIRECTORY) is None  # None: the embedded default, wherever it is installed
+    meta = json.loads((shipped_draft.DIRECTORY / "draft.json").read_text())
+    assert meta["num_layers"] == 2 and meta["draft_vocab"] == 32768 and 0 < meta["min_confidence"] < 1
+
+
+@pytest.mark.slow
+def test_specdec_generate_with_the_shipped_draft_changes_no_token(capsys):
+    """The real thing: `specdec generate --in-process --draft-model hybrid:distilled` on the
+    embedded target: its greedy output is the target's own, token for token."""
+    prompt = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
+    assert main(["generate", "--in-process", "--draft-model", "hybrid:distilled", "--max-new-tokens", "24", "--json", prompt]) == 0
+    captured = capsys.readouterr()
+    response = json_format.Parse(captured.out, pb.GenerateResponse())
+    assert "draft hybrid:distilled" in captured.err
+    target = load_model(None)
+    ids = target.tokenizer(prompt)["input_ids"]
+    expected = target_only(target.model, ids, 24, target.eos_token_ids)
+    assert list(response.token_ids) == expected
+    assert response.speculation.draft_tokens > 0  # it did speculate
+
+    # q of the real draft: a distribution over the full vocabulary, zero outside its own.
+    draft = load_model("distilled")
+    head = draft.model.get_output_embeddings()
+    with torch.no_grad():
+        logits = draft.model(input_ids=torch.tensor([ids])).logits[0, -1]  # (full vocab,)
+    probs = torch.softmax(logits.float(), -1)
+    outside = torch.ones_like(probs, dtype=torch.bool)
+    outside[head.vocab_ids] = False
+    assert logits.shape[-1] == target.vocab_size and abs(float(probs.sum()) - 1) < 1e-4 and float(probs[outside].sum()) == 0.0
