@@ -107,6 +107,7 @@ def summarize(rows: list[dict]) -> dict:
         "acceptance_rate": medians("acceptance_rate"),
         "greedy_equal": {m: all(row["greedy_equal"][m] for row in rows) for m in methods},
         "ideal": {},
+        "alpha_by_position": {},  # per drafter that drafted at all
         "time_split_ms": {},
     }
     for m in OURS:
@@ -115,7 +116,7 @@ def summarize(rows: list[dict]) -> dict:
             out["ideal"][m] = {key: med(i[key] for i in ideals) for key in ("ideal_speedup", "measured_decode_speedup", "efficiency", "c", "t1_ms", "verify_ms_median", "mean_k")}
         curves = [row["acceptance_by_position"][m] for row in rows if row["acceptance_by_position"].get(m)]
         if curves:  # position i: the median over the prompts that drafted that deep
-            out.setdefault("alpha_by_position", {})[m] = [med(c[i] for c in curves if i < len(c)) for i in range(max(map(len, curves)))]
+            out["alpha_by_position"][m] = [med(c[i] for c in curves if i < len(c)) for i in range(max(map(len, curves)))]
     for m in methods:
         splits = [row["time_split_ms"][m] for row in rows if m in row["time_split_ms"]]
         if splits:

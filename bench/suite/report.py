@@ -43,7 +43,7 @@ def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
         if m not in summary["speedup"]:
             continue
         ideal = summary["ideal"].get(m, {})
-        alphas = " ".join(f"{a:.2f}" for a in summary.get("alpha_by_position", {}).get(m, [])[:6]) or "-"
+        alphas = " ".join(f"{a:.2f}" for a in summary["alpha_by_position"].get(m, [])[:6]) or "-"
         print(
             f"{m:<8}{_f(summary['speedup'].get(m), '.2f'):>6}x{_f(summary['acceptance_rate'].get(m), '.0%'):>8}{alphas:>32}"
             f"{_f(ideal.get('c'), '.3f'):>7}{_f(ideal.get('mean_k'), '.1f'):>7}{_f(ideal.get('ideal_speedup'), '.2f'):>6}x{_f(ideal.get('efficiency'), '.2f'):>6}",
