@@ -178,8 +178,8 @@ class DraftCore:
             else:
                 proposal = DraftProposal([]) if k <= 0 else await self._draft(self._item(call.session_id, context, k, sampling), deadline)
                 source = "model"
-                if self.hybrid is not None and not proposal.token_ids and (short := self.hybrid.fallback(context, k, proposal)).token_ids:
-                    proposal, source = short, "ngram_short"  # the model declined: a shorter match answers
+                if self.hybrid is not None and (short := self.hybrid.fallback(context, k, proposal)) is not proposal:
+                    proposal, source = short, "ngram_short"  # the model declined: a shorter match answered
         metrics.DRAFT_ROUNDS.labels(source).inc()
         self.stats.calls += 1
         metrics.DRAFT_TOKENS.inc(len(proposal.token_ids))

@@ -134,9 +134,8 @@ def _cmd_generate(args) -> int:
 
     from coordinator.convert import request_from_proto, response_to_proto
     from coordinator.local import build_engine, load_pair
-    from specdec.errors import InvalidArgument
-
     from draft_service.hybrid import parse_spec
+    from specdec.errors import InvalidArgument
 
     drafter = resolve_drafter(args.draft_model, args.target_model)
     target, draft = load_pair(args.target_model, drafter)

@@ -173,24 +173,24 @@ def train_step(draft, target: LoadedModel, batch: torch.Tensor, optimizer: torch
 
 
 @torch.no_grad()
-def _acceptance(draft, heldout: torch.Tensor, target_argmax: torch.Tensor, chunk: int = 4) -> float:
-    """Share of held-out positions where the draft's greedy token is the target's."""
+def _draft_argmax(draft, rows: torch.Tensor, chunk: int = 4) -> torch.Tensor:
+    """(rows, T) the draft's greedy token at every position, as full-vocabulary ids."""
     head = draft.get_output_embeddings()
-    hits = 0
-    for start in range(0, len(heldout), chunk):
-        hidden = draft.base_model(input_ids=heldout[start : start + chunk], use_cache=False).last_hidden_state
-        ids = head.to_full_ids(head.draft_logits(hidden).argmax(-1))  # (b, T) full-vocabulary ids
-        hits += int((ids == target_argmax[start : start + chunk]).sum())
-    return hits / max(heldout.numel(), 1)
+    out = []
+    for start in range(0, len(rows), chunk):  # chunks: a row's draft logits are T x 32,768 floats
+        hidden = draft.base_model(input_ids=rows[start : start + chunk], use_cache=False).last_hidden_state
+        out.append(head.to_full_ids(head.draft_logits(hidden).argmax(-1)))
+    return torch.cat(out)
 
 
-@torch.no_grad()
+def _acceptance(draft, heldout: torch.Tensor, target_argmax: torch.Tensor) -> float:
+    """Share of held-out positions where the draft's greedy token is the target's."""
+    return float((_draft_argmax(draft, heldout) == target_argmax).float().mean())
+
+
 def _generated_acceptance(draft, rows: torch.Tensor, prompt_len: int) -> float:
     """Share of generated tokens (greedy: each is the target's argmax) the draft predicts."""
-    head = draft.get_output_embeddings()
-    hidden = draft.base_model(input_ids=rows, use_cache=False).last_hidden_state[:, prompt_len - 1 : -1]
-    ids = head.to_full_ids(head.draft_logits(hidden).argmax(-1))  # (rows, generated)
-    return float((ids == rows[:, prompt_len:]).float().mean())
+    return float((_draft_argmax(draft, rows)[:, prompt_len - 1 : -1] == rows[:, prompt_len:]).float().mean())
 
 
 def _generated(config: DistillConfig, target: LoadedModel, rows: torch.Tensor, heldout: torch.Tensor, ckpt: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,7 +202,7 @@ def _generated(config: DistillConfig, target: LoadedModel, rows: torch.Tensor, h
     p, seq, b = config.prompt_tokens, config.seq_len, config.generate_batch
     # Held-out first: a short run still measures what it trained for.
     heldout_generated = generated_rows(target, heldout[:, :p], seq, ckpt / "heldout_generated.pt", b)
-    # Openings from the end of the shuffled corpus order's rows: any row works, these are cheap.
+    # Openings of training rows picked by a permutation of their own (not the batches' order).
     picks = torch.randperm(len(rows), generator=torch.Generator().manual_seed(config.seed + 2))[: config.generated_rows]
     return generated_rows(target, rows[picks, :p], seq, ckpt / "generated.pt", b), heldout_generated
 
@@ -214,10 +214,14 @@ def _init_weights(source: Path, params: dict) -> None:
     weights = torch.load(state)["weights"] if state.is_file() else load_file(str(source / "model.safetensors"))
     if not set(weights) <= set(params) or any(params[n].shape != w.shape for n, w in weights.items()):
         raise ValueError(f"{source}: its weights do not fit a draft of this shape (--layers must match)")
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor.to(params[name].dtype))
+    _copy_weights(params, weights)
     print(f"initialised from {source}", file=sys.stderr)
+
+
+@torch.no_grad()
+def _copy_weights(params: dict, weights: dict) -> None:
+    for name, tensor in weights.items():
+        params[name].copy_(tensor.to(params[name].dtype))
 
 
 def _check_same_run(config: DistillConfig, ckpt: Path) -> None:
@@ -286,9 +290,7 @@ def _resume(ckpt: Path, params: dict, optimizer: torch.optim.Optimizer) -> dict:
     if not path.is_file():
         return {"step": 0, "log": []}
     state = torch.load(path)
-    with torch.no_grad():
-        for name, tensor in state["weights"].items():
-            params[name].copy_(tensor)
+    _copy_weights(params, state["weights"])
     optimizer.load_state_dict(state["optimizer"])
     print(f"resuming at step {state['step']}", file=sys.stderr)
     return state

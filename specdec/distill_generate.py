@@ -9,8 +9,8 @@ Rows of "corpus opening + the target's greedy continuation" put the serving dist
 training (self-distillation, as in Medusa-2's and EAGLE's data regeneration).
 
 Every row of a batch starts with the same number of prompt tokens (the first tokens of a corpus
-row, BOS included), so generation needs no padding; rows are appended to a file after each
-batch, so an interrupted run resumes where it stopped.
+row, BOS included), so generation needs no padding; the file of rows is saved after each batch,
+so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
