@@ -36,6 +36,7 @@ from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SESSION_MISS = "session miss"  # the server's FAILED_PRECONDITION prefix (draft_service/server.py)
 _DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
+_SOURCES = {draft_pb2.DRAFT_SOURCE_NGRAM: "ngram", draft_pb2.DRAFT_SOURCE_MODEL: "model", draft_pb2.DRAFT_SOURCE_NGRAM_SHORT: "ngram_short"}
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class DraftClient:
         self.misses = 0  # session-miss answers that led to a full resend
         self._metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else None
 
-    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
+    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None) -> DraftProposal:
         tokens = list(tokens)
         address = await self._replica(session_id)
         sent = self._sessions.get(session_id)
@@ -91,18 +92,18 @@ class DraftClient:
             # reach it even when this first call is cancelled before it answers.
             self._sessions[session_id] = _Sent(address, [])
         try:
-            response = await self._propose(address, session_id, tokens, committed, k, sampling)
+            response = await self._propose(address, session_id, tokens, committed, k, sampling, model_k)
         except grpc.aio.AioRpcError as e:
             if committed == 0 or e.code() != grpc.StatusCode.FAILED_PRECONDITION or not (e.details() or "").startswith(SESSION_MISS):
                 raise
             self.misses += 1
-            response = await self._propose(address, session_id, tokens, 0, k, sampling)
+            response = await self._propose(address, session_id, tokens, 0, k, sampling, model_k)
         self._sessions[session_id] = _Sent(address, tokens[: response.cached_len])
         token_ids = list(response.token_ids)
         q = None
         if response.HasField("draft_probs"):
             q = unpack_probs(response.draft_probs, num_tokens=len(token_ids))  # (k, draft vocab)
-        return DraftProposal(token_ids, q)
+        return DraftProposal(token_ids, q, _SOURCES.get(response.source, ""))
 
     async def end_session(self, session_id: str) -> None:
         """Best effort: a replica we cannot reach drops the session by TTL or LRU anyway, and a
@@ -126,7 +127,9 @@ class DraftClient:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def _propose(self, address: str, session_id: str, tokens: list[int], committed: int, k: int, sampling: SamplingParams) -> draft_pb2.ProposeResponse:
+    async def _propose(
+        self, address: str, session_id: str, tokens: list[int], committed: int, k: int, sampling: SamplingParams, model_k: int | None
+    ) -> draft_pb2.ProposeResponse:
         request = draft_pb2.ProposeRequest(
             session_id=session_id,
             committed_len=committed,
@@ -134,6 +137,7 @@ class DraftClient:
             num_draft_tokens=k,
             sampling=_sampling_to_proto(sampling),
             probs_encoding=self.config.probs_encoding,
+            model_draft_tokens=None if model_k is None else min(model_k, k),
         )
         return await self._channels[address][1].Propose(request, timeout=self.config.timeout_s, metadata=self._metadata)
 

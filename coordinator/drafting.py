@@ -10,6 +10,9 @@ the round drafts. While the round is verified, the next round's proposal is requ
 context that full acceptance would give, with that extra token as the guess of the target's
 bonus. If verification agrees, the next round starts with its drafts ready; if not, the
 speculative call is cancelled and the drafter's cache rolls back on the next call.
+
+A hybrid draft tier answers some rounds by prompt lookup and others with its model, and the two
+are priced apart (coordinator/adaptive.py): `model_k` caps what the model may draft in a round.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from coordinator.adaptive import LOOKUP_SOURCES
 from specdec.acceptance import DraftProposal
 from specdec.sampling import SamplingParams
 
@@ -45,8 +49,9 @@ class DraftSide:
         self._retry_at = 0.0
         self._next: tuple[tuple[int, ...], int, asyncio.Task] | None = None  # (context, k, task)
 
-    async def propose(self, tokens: Sequence[int], k: int) -> Drafts:
-        """This round's k drafts and, when pipelining, the drafter's guess of the token after them."""
+    async def propose(self, tokens: Sequence[int], k: int, model_k: int | None = None) -> Drafts:
+        """This round's drafts (at most k; at most model_k when a draft model answers) and, when
+        pipelining, the drafter's guess of the token after them."""
         if k <= 0:
             await self.cancel_pipelined()
             return Drafts(DraftProposal([]), None)
@@ -54,47 +59,53 @@ class DraftSide:
         self._next = None
         if ready is not None and ready[0] == tuple(tokens) and ready[1] >= k:
             self.pipelined_hits += 1
-            return _first(await ready[2], k)  # asked for more than this round drafts (adaptive k): a prefix is a draft too
+            return _first(await ready[2], k, model_k)  # asked for more than this round drafts (adaptive k): a prefix is a draft too
         if ready is not None:
             await _cancel(ready[2])
-        return await self._call(list(tokens), k)
+        return _first(await self._call(list(tokens), k, model_k), k, model_k)
 
-    def prefetch(self, tokens: Sequence[int], proposal: DraftProposal, guess: int | None, k_next: int) -> None:
+    def prefetch(self, tokens: Sequence[int], proposal: DraftProposal, guess: int | None, k_next: int, model_k_next: int | None = None) -> None:
         """Start the next round's proposal as if every draft and the guessed bonus are accepted."""
         if not self.pipeline or guess is None or k_next <= 0:
             return
         context = list(tokens) + list(proposal.token_ids) + [guess]
-        self._next = (tuple(context), k_next, asyncio.create_task(self._call(context, k_next)))
+        self._next = (tuple(context), k_next, asyncio.create_task(self._call(context, k_next, model_k_next)))
 
     async def cancel_pipelined(self) -> None:
         if self._next is not None:
             task, self._next = self._next[2], None
             await _cancel(task)
 
-    async def _call(self, tokens: list[int], k: int) -> Drafts:
+    async def _call(self, tokens: list[int], k: int, model_k: int | None) -> Drafts:
+        """Everything the drafter proposes (one token more than k when pipelining: the guess);
+        `_first` splits it into this round's drafts and the guess."""
         if time.monotonic() < self._retry_at:
             return Drafts(DraftProposal([]), None, fallback=True)
-        wanted = k + 1 if self.pipeline else k
+        extra = 1 if self.pipeline else 0
+        # Only a real cap travels: a proposer written without model_k keeps working.
+        # A model capped at 0 stays at 0: asked for the guess alone it would run (and catch up on
+        # every token since its last round) in each pipelined call, beside the target's pass.
+        cap = {} if model_k is None or model_k >= k else {"model_k": model_k + extra if model_k else 0}
         try:
-            proposal = await asyncio.wait_for(self.proposer.propose(self.session_id, tokens, wanted, self.sampling), self.timeout_s)
+            proposal = await asyncio.wait_for(self.proposer.propose(self.session_id, tokens, k + extra, self.sampling, **cap), self.timeout_s)
         except Exception as error:  # the draft tier is down, slow or broken: decode without it
             self.failures += 1
             self._retry_at = time.monotonic() + self.retry_s
             log.warning("draft tier unavailable (%s: %s); k = 0 for %.1f s", type(error).__name__, error, self.retry_s)
             return Drafts(DraftProposal([]), None, fallback=True)
-        ids = list(proposal.token_ids)
-        guess = ids[k] if self.pipeline and len(ids) > k else None
-        q = proposal.draft_probs[:k] if proposal.draft_probs is not None else None
-        return Drafts(DraftProposal(ids[:k], q), guess)
+        return Drafts(proposal, None)
 
 
-def _first(drafts: Drafts, k: int) -> Drafts:
-    """The first k drafts, and the next one as the guess of the bonus token."""
-    ids = drafts.proposal.token_ids
+def _first(drafts: Drafts, k: int, model_k: int | None = None) -> Drafts:
+    """The first k drafts (model_k when a draft model answered), and the next one as the guess of
+    the bonus token."""
+    proposal = drafts.proposal
+    if model_k is not None and proposal.source not in LOOKUP_SOURCES:
+        k = min(k, model_k)
+    ids, q = proposal.token_ids, proposal.draft_probs
     if len(ids) <= k:
         return drafts
-    q = drafts.proposal.draft_probs
-    return Drafts(DraftProposal(list(ids[:k]), q[:k] if q is not None else None), ids[k], drafts.fallback)
+    return Drafts(DraftProposal(list(ids[:k]), q[:k] if q is not None else None, proposal.source), ids[k], drafts.fallback)
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -23,7 +23,7 @@ from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
 from coordinator import observe
-from coordinator.adaptive import Acceptance, CostModel, best_k
+from coordinator.adaptive import LOOKUP, MODEL, CostModel, Plan, SourcedAcceptance, plan, source_class
 from coordinator.drafting import DraftSide
 from coordinator.text import OutputText
 from specdec.acceptance import DraftProposal, Verification
@@ -155,6 +155,7 @@ class SpeculativeEngine:
         self.config = config
         self._longest_token: int | None = None  # characters of the longest vocabulary entry, once needed
         self.costs = CostModel()  # draft and verify costs, learned from every round of every request
+        self.draft_sources: set[str] = set()  # source classes the draft tier has answered with (adaptive.plan)
         self.running = 0  # requests generating now (load awareness)
         self._ending: set[asyncio.Task] = set()  # draft sessions still ending after their request
 
@@ -175,32 +176,37 @@ class SpeculativeEngine:
             # Never draft past what may still be emitted: the verifier adds one token itself.
             return min(k_max, request.max_new_tokens - (length - len(prompt)) - 1, self.target.max_context - length - 1)
 
-        acceptance = Acceptance()
+        acceptance = SourcedAcceptance()
         fixed_k = not cfg.adaptive  # a sampled model draft fixes k: seeded outputs then depend on k only
-        # A draft call after rounds without drafts (the first one included) also feeds a draft
-        # model every token committed since (the whole prompt, the first time): that catch-up is
-        # not a drafted token's cost. Counted, it priced a 2-layer draft's token at 0.3-1 target
-        # steps instead of 0.12, and k = 0 stuck (no drafting, so no cheaper measurement).
-        drafted_last_round = False
-        since_probe = 0
+        # A draft model called after rounds it did not draft (the first one included) is also fed
+        # every token committed since (the whole prompt, the first time): that catch-up is not a
+        # drafted token's cost. Counted, it priced a 2-layer draft's token at 0.3-1 target steps
+        # instead of 0.12, and k = 0 stuck (no drafting, so no cheaper measurement).
+        model_drafted_last_round = False
+        since_probe = since_model_probe = 0
 
-        def choose_k(cap: int) -> tuple[int, str]:
-            """This round's k (at most `cap`) and why: fixed, adaptive, probe or load."""
-            nonlocal since_probe
+        def choose_k(cap: int) -> tuple[Plan, str]:
+            """This round's plan (k at most `cap`) and why: fixed, adaptive, probe or load."""
+            nonlocal since_probe, since_model_probe
             if cap <= 0 or fixed_k:
-                return max(cap, 0), "fixed"
+                return Plan(max(cap, 0), None), "fixed"
             if cfg.speculation_max_running and self.running > cfg.speculation_max_running:
-                return 0, "load"
+                return Plan(0, None), "load"
             share = cfg.speculation_token_budget // max(self.running, 1) - 1 if cfg.speculation_token_budget > 0 else cap
             if share <= 0:
-                return 0, "load"
-            k = best_k(acceptance.alpha, self.costs, min(cap, share))
-            since_probe = 0 if k > 0 else since_probe + 1
-            if k == 0 and since_probe >= cfg.probe_every:
+                return Plan(0, None), "load"
+            chosen = plan(acceptance, self.costs, min(cap, share), self.draft_sources)
+            since_probe = 0 if chosen.k > 0 else since_probe + 1
+            if chosen.k == 0 and since_probe >= cfg.probe_every:
                 since_probe = 0
-                return 1, "probe"
+                return Plan(1, None), "probe"
+            # A hybrid whose model is capped at 0 still asks it for one token now and then.
+            since_model_probe = since_model_probe + 1 if chosen.model_k == 0 else 0
+            if chosen.model_k == 0 and since_model_probe >= cfg.probe_every:
+                since_model_probe = 0
+                return Plan(chosen.k, 1), "probe"
             # "load" when the load, not the request or its acceptance, set this k.
-            return k, "load" if share < cap and k == share else "adaptive"
+            return chosen, "load" if share < cap and chosen.k == share else "adaptive"
 
         started = time.perf_counter()
         first_token_s = None
@@ -209,11 +215,11 @@ class SpeculativeEngine:
             while True:
                 generated = len(tokens) - len(prompt)
                 cap = k_for(len(tokens))
-                k, why = choose_k(cap)
+                (k, model_k), why = choose_k(cap)
                 hits = drafts.pipelined_hits
                 with observe.round_span(self.tracer, stats.rounds, cap, why) as span:
                     t0 = time.perf_counter()
-                    proposal, guess, fallback = await drafts.propose(tokens, k)
+                    proposal, guess, fallback = await drafts.propose(tokens, k, model_k)
                     if any(not 0 <= t < self.target.vocab_size for t in proposal.token_ids):
                         # A draft tier serving another vocabulary (a misconfigured pair) must not
                         # fail the target's batch, which other requests share: drop its drafts.
@@ -223,7 +229,7 @@ class SpeculativeEngine:
                     verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
                     # The next round's k is not known before this one is verified: ask for this
                     # round's, or one if it drafted none (a prefix of a longer draft serves too).
-                    drafts.prefetch(tokens, proposal, guess, min(max(k, 1), k_for(len(tokens) + len(proposal.token_ids) + 1)))
+                    drafts.prefetch(tokens, proposal, guess, min(max(k, 1), k_for(len(tokens) + len(proposal.token_ids) + 1)), model_k)
                     result = await verifying
                     t2 = time.perf_counter()
                     room = min(request.max_new_tokens - generated, self.target.max_context - len(tokens))
@@ -236,10 +242,15 @@ class SpeculativeEngine:
                 stats.verify_wait_s += t2 - t1
                 if stats.rounds:  # the first round's verify includes the prompt's prefill: not a round's cost
                     self.costs.observe_verify(len(proposal.token_ids) + 1, t2 - t1)
-                if drafted_last_round:
-                    self.costs.observe_draft(len(proposal.token_ids), t1 - t0)
-                drafted_last_round = k > 0
-                acceptance.observe(len(proposal.token_ids), result.num_accepted)
+                drafted = len(proposal.token_ids)
+                source = source_class(proposal.source)
+                answered = k > 0 and not fallback and (drafted > 0 or proposal.source != "")  # a model that declined answered too
+                if answered:
+                    self.draft_sources.add(source)
+                if source == LOOKUP or model_drafted_last_round:  # lookups have no catch-up to exclude
+                    self.costs.observe_draft(drafted, t1 - t0, source)
+                model_drafted_last_round = answered and source == MODEL
+                acceptance.observe(proposal.source, drafted, result.num_accepted)
                 fixed_k |= not request.sampling.greedy and proposal.draft_probs is not None
                 stats.record(len(proposal.token_ids), result.num_accepted)
                 stats.pipelined_rounds, stats.draft_failures = drafts.pipelined_hits, drafts.failures

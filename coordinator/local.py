@@ -35,12 +35,15 @@ class _Serialized:
 
 
 class LocalModelProposer(_Serialized):
-    def __init__(self, drafter: ModelDrafter):
+    def __init__(self, drafter: ModelDrafter | HybridDrafter):
         super().__init__()
         self.drafter = drafter
 
-    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
-        return await self._call(self.drafter.propose, session_id, tokens, k, sampling)
+    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None) -> DraftProposal:
+        if isinstance(self.drafter, HybridDrafter):
+            return await self._call(self.drafter.propose, session_id, tokens, k, sampling, model_k)
+        k = k if model_k is None else min(k, model_k)
+        return await self._call(self.drafter.propose, session_id, tokens, k, sampling) if k > 0 else DraftProposal([], source="model")
 
     async def end_session(self, session_id: str) -> None:
         await self._call(self.drafter.end_session, session_id)
@@ -52,8 +55,8 @@ class LocalNgramProposer:
     def __init__(self, drafter: NgramDrafter | None = None):
         self.drafter = drafter or NgramDrafter()
 
-    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
-        return DraftProposal(self.drafter.propose(tokens, k))
+    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None) -> DraftProposal:
+        return DraftProposal(self.drafter.propose(tokens, k), source="ngram")
 
     async def end_session(self, session_id: str) -> None:
         return None

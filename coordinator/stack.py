@@ -26,7 +26,7 @@ from coordinator.engine import EngineConfig, SpeculativeEngine
 from coordinator.server import GenerationServer, ServerConfig
 from specdec.flag_types import AUTO
 from specdec.metrics import MetricsServer
-from specdec.models import EMBEDDED_NAME, load_tokenizer
+from specdec.models import EMBEDDED_NAME, load_tokenizer, prepare
 from specdec.telemetry import TRACE_FILE_ENV
 from target_service.actor import ActorConfig
 from target_service.pool import NAMESPACE, PREFIX, PoolConfig, TargetPool, launch
@@ -116,6 +116,9 @@ class LocalStack:
 
     async def start(self) -> None:
         c = self.config
+        # Convert the target once here: the draft server (a distilled draft is assembled from the
+        # embedded target) and every actor would otherwise each convert it at the same time.
+        await asyncio.to_thread(prepare, c.target_model)
         # The draft server starts in its own process while Ray and the target actors start here.
         self.draft_process = await spawn_draft_server(c.draft_model, c.trace_file)
         self._started_ray = not ray.is_initialized()

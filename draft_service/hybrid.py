@@ -19,7 +19,7 @@ context (`specdec.kv_cache.resume`) and feeds the tokens committed meanwhile.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from draft_service.model_drafter import ModelDrafter, ProposeItem
 from draft_service.ngram import NgramConfig, NgramDrafter
@@ -33,6 +33,11 @@ PREFIX = "hybrid:"  # --draft-model hybrid:SPEC serves SPEC with n-gram rounds w
 class HybridConfig:
     min_match: int = 3  # shortest context suffix whose earlier occurrence is trusted over the model
     max_match: int = 6  # longest suffix tried first (longer matches predict better)
+
+
+def model_k(item: ProposeItem) -> int:
+    """The tokens the model may draft for `item`: its k, capped by its model_k when set."""
+    return item.k if item.model_k is None else min(item.k, item.model_k)
 
 
 def parse_spec(spec: str) -> str | None:
@@ -53,7 +58,7 @@ class HybridDrafter:
         # the model declines (greedy drafts stop at the model's first unsure token, model_drafter.py).
         self.short = NgramDrafter(NgramConfig(max_ngram=config.min_match - 1, min_ngram=1)) if config.min_match > 1 else None
         self.ngram_rounds = 0  # rounds answered by prompt lookup (a match of at least min_match)
-        self.model_rounds = 0  # rounds the model was asked
+        self.model_rounds = 0  # rounds without a long match: the model's (unless capped at 0), or a short match's
         self.short_rounds = 0  # of those, rounds the model declined and a shorter match answered
 
     def choose(self, tokens: Sequence[int], k: int) -> list[int]:
@@ -73,20 +78,25 @@ class HybridDrafter:
             return proposal
         ids = self.short.propose(tokens, k)
         self.short_rounds += bool(ids)
-        return DraftProposal(ids) if ids else proposal  # point masses: no q
+        return DraftProposal(ids, source="ngram_short") if ids else proposal  # point masses: no q
 
-    def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
-        return self.propose_batch([ProposeItem(session_id, tokens, k, sampling)])[0]
+    def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None) -> DraftProposal:
+        return self.propose_batch([ProposeItem(session_id, tokens, k, sampling, model_k)])[0]
 
     def propose_batch(self, items: Sequence[ProposeItem]) -> list[DraftProposal]:
-        """n-gram proposals where a match exists; one batched model step for all the others."""
+        """n-gram proposals where a match exists; one batched model step for all the others
+        (each capped at its item's model_k: at 0 the model is skipped and only a shorter match
+        may answer)."""
         proposals: list[DraftProposal | None] = [None] * len(items)
         for i, item in enumerate(items):
             if ids := self.choose(item.tokens, item.k):
-                proposals[i] = DraftProposal(ids)  # point masses: no q
+                proposals[i] = DraftProposal(ids, source="ngram")  # point masses: no q
         rest = [i for i, p in enumerate(proposals) if p is None]
-        for i, proposal in zip(rest, self.model.propose_batch([items[i] for i in rest]) if rest else []):
-            proposals[i] = self.fallback(items[i].tokens, items[i].k, proposal)
+        capped = [replace(items[i], k=model_k(items[i]), model_k=None) for i in rest]
+        asked = [j for j, item in enumerate(capped) if item.k > 0]
+        drafted = dict(zip(asked, self.model.propose_batch([capped[j] for j in asked]) if asked else []))
+        for j, i in enumerate(rest):
+            proposals[i] = self.fallback(items[i].tokens, items[i].k, drafted.get(j, DraftProposal([], source="model")))
         return proposals  # type: ignore[return-value]
 
     def end_session(self, session_id: str) -> None:

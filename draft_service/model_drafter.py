@@ -37,6 +37,9 @@ class ProposeItem:
     tokens: Sequence[int]  # the whole committed sequence
     k: int  # draft tokens wanted
     sampling: SamplingParams
+    # A hybrid's cap on what its model drafts (lookups keep k); None: k. The model drafter itself
+    # is only ever handed items already capped.
+    model_k: int | None = None
 
 
 class ModelDrafter:
@@ -61,7 +64,7 @@ class ModelDrafter:
     def propose_batch(self, items: Sequence[ProposeItem]) -> list[DraftProposal]:
         """Draft for several sessions at once: step j runs one batched forward over every session
         that still wants a j-th token. Per-session results equal one-at-a-time results."""
-        proposals = [DraftProposal([]) for _ in items]
+        proposals = [DraftProposal([], source="model") for _ in items]
         rows: list[list[torch.Tensor]] = [[] for _ in items]
         active = [i for i, item in enumerate(items) if item.k > 0]
         feeds = {}

@@ -35,6 +35,8 @@ from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 SESSION_MISS = "session miss"  # prefix of the FAILED_PRECONDITION message; clients match on it
 _KNOWN_ENCODINGS = frozenset(common_pb2.DraftProbsEncoding.values())
+# DraftProposal.source -> ProposeResponse.source
+_SOURCES = {"ngram": draft_pb2.DRAFT_SOURCE_NGRAM, "model": draft_pb2.DRAFT_SOURCE_MODEL, "ngram_short": draft_pb2.DRAFT_SOURCE_NGRAM_SHORT}
 # Packing a dense Gemma-vocabulary q (1 MiB per row) takes milliseconds: off the event loop.
 _PACK_IN_THREAD_ELEMENTS = 1 << 16
 _HEALTH_METHODS = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/"
@@ -128,11 +130,12 @@ def _call_from_proto(request: draft_pb2.ProposeRequest, timeout_s: float | None)
         top_k=s.top_k,
         seed=s.seed if s.HasField("seed") else None,
     )
-    return ProposeCall(request.session_id, request.committed_len, list(request.new_tokens), request.num_draft_tokens, sampling, timeout_s)
+    model_k = request.model_draft_tokens if request.HasField("model_draft_tokens") else None
+    return ProposeCall(request.session_id, request.committed_len, list(request.new_tokens), request.num_draft_tokens, sampling, timeout_s, model_k)
 
 
 async def _response_to_proto(result: ProposeResult, encoding: int) -> draft_pb2.ProposeResponse:
-    response = draft_pb2.ProposeResponse(token_ids=result.proposal.token_ids, cached_len=result.cached_len)
+    response = draft_pb2.ProposeResponse(token_ids=result.proposal.token_ids, cached_len=result.cached_len, source=_SOURCES.get(result.proposal.source, 0))
     q = result.proposal.draft_probs  # (k, vocab), only when sampling with the model drafter
     if q is not None:
         # fp16 would round q, and the tokens were drawn from the unrounded q: the verifier must

@@ -75,6 +75,7 @@ class ProposeCall:
     k: int  # draft tokens wanted
     sampling: SamplingParams
     timeout_s: float | None = None  # seconds left for the call; None: no deadline
+    model_k: int | None = None  # most tokens the draft model may propose (model_draft_tokens); None: k
 
 
 @dataclass
@@ -165,21 +166,22 @@ class DraftCore:
             sampling = replace(sampling, seed=secrets.randbits(63))  # unset on the wire: nondeterministic
         self._remember(call.session_id, context)
         if self.model is None:
-            proposal = DraftProposal(self.ngram.propose(context, call.k))  # point masses: no q
-            source = "ngram"
+            proposal = DraftProposal(self.ngram.propose(context, call.k), source="ngram")  # point masses: no q
         else:
             # Never draft past the draft model's context; fewer tokens is a valid proposal.
             k = min(call.k, self.max_context - len(context))
+            model_k = k if call.model_k is None else min(k, call.model_k)
             # A hybrid's n-gram rounds are answered inline: they need no model, so no queue.
             looked_up = self.hybrid.choose(context, k) if self.hybrid is not None and k > 0 else []
             if looked_up:
-                proposal = DraftProposal(looked_up)  # point masses: no q
-                source = "ngram"
+                proposal = DraftProposal(looked_up, source="ngram")  # point masses: no q
             else:
-                proposal = DraftProposal([]) if k <= 0 else await self._draft(self._item(call.session_id, context, k, sampling), deadline)
-                source = "model"
-                if self.hybrid is not None and (short := self.hybrid.fallback(context, k, proposal)) is not proposal:
-                    proposal, source = short, "ngram_short"  # the model declined: a shorter match answered
+                proposal = DraftProposal([], source="model")
+                if model_k > 0:
+                    proposal = await self._draft(self._item(call.session_id, context, model_k, sampling), deadline)
+                if self.hybrid is not None:
+                    proposal = self.hybrid.fallback(context, k, proposal)  # the model declined (or was capped at 0): a shorter match may answer
+        source = proposal.source
         metrics.DRAFT_ROUNDS.labels(source).inc()
         self.stats.calls += 1
         metrics.DRAFT_TOKENS.inc(len(proposal.token_ids))
@@ -199,6 +201,8 @@ class DraftCore:
             raise InvalidArgument("session_id", "is empty")
         if not 1 <= call.k <= self.config.max_draft_tokens:
             raise InvalidArgument("num_draft_tokens", f"must be in [1, {self.config.max_draft_tokens}], got {call.k}")
+        if call.model_k is not None and not 0 <= call.model_k <= call.k:
+            raise InvalidArgument("model_draft_tokens", f"must be in [0, num_draft_tokens = {call.k}], got {call.model_k}")
         call.sampling.validate()
         limit = self.vocab_size
         bad = [t for t in call.new_tokens if t < 0 or (limit is not None and t >= limit)]

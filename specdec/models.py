@@ -75,6 +75,19 @@ def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, d
     return _load(source, name, dtype, device, local=local)
 
 
+def prepare(spec: str | None = None) -> None:
+    """Do the one-time work of loading `spec` now (a GGUF's conversion, ~90 s for the embedded
+    model), so processes started next all find the cache instead of each converting it at once.
+    A pruned draft's work is its target's."""
+    from specdec import pruned_draft
+    from specdec.shipped_draft import resolve_model
+
+    spec = resolve_model(spec)
+    if pruned_draft.is_pruned_draft_dir(spec):
+        spec = pruned_draft.target_spec(spec)
+    _source(spec)
+
+
 def load_tokenizer(spec: str | None = None) -> PreTrainedTokenizerBase:
     """Only the tokenizer of `spec` (the coordinator tokenizes, it holds no weights)."""
     from specdec import pruned_draft

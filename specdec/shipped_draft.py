@@ -5,13 +5,13 @@ draft's own two layers in bf16, 22 MB; its embedding and output rows are the tar
 load time). The model spec "distilled" names it anywhere a model is named (`--draft-model
 distilled`, `--draft-model hybrid:distilled`).
 
-"auto", the default of `specdec up`, `specdec demo` and `specdec generate --in-process`, is the
-n-gram drafter for now, for every target: measured side by side (`specdec bench`, 2026-11-30,
-2 CPU cores), hybrid:distilled ran at 0.80-0.91x the n-gram drafter's tokens/s on free
-continuation (the draft's tokens are the target's 27% of the time, and prompt lookup's short
-matches on a small model's repetitive output do better) and at 1.00-1.04x on copies. A default
-that is slower than the one it replaces is no default: `auto` picks the distilled draft once one
-beats prompt lookup, and that decision stays here.
+"auto", the default of `specdec up`, `specdec demo` and `specdec generate --in-process`, is
+`hybrid:distilled` for the embedded target (prompt lookup where the context repeats, this draft
+elsewhere) and the n-gram drafter for any other target (no shipped draft shares its tokenizer).
+It became the default once it stopped losing to prompt lookup alone: with lookups and model
+drafts priced apart (coordinator/adaptive.py), the hybrid ran at 1.02x and 1.11x the n-gram
+drafter's tokens/s on free text and copies in one side-by-side run (`specdec bench`, 2026-11-30,
+2 CPU cores; before, 0.80-0.91x on free text). Measured figures: README, "The distilled draft".
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 DISTILLED = "distilled"  # model spec of the shipped draft
 AUTO = "auto"  # drafter spec: the best drafter shipped for the target
 DIRECTORY = Path(__file__).parent / "drafts" / "gemma3-270m"
-AUTO_DRAFTER = "ngram"  # what "auto" is (see above); "hybrid:distilled" once the draft beats prompt lookup
+AUTO_DRAFTER = "hybrid:distilled"  # what "auto" is for the embedded target (see above)
 
 
 def resolve_model(spec: str | None) -> str | None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
 
-from coordinator.adaptive import Acceptance, CostModel, best_k, expected_tokens, ideal_speedup
+
+from coordinator.adaptive import LOOKUP, MODEL, Acceptance, CostModel, SourcedAcceptance, best_k, expected_tokens, ideal_speedup, plan
 from coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from coordinator.local import LocalModelProposer, LocalVerifier
 from draft_service.model_drafter import ModelDrafter
@@ -61,6 +63,22 @@ def test_cost_model_interpolates_and_extrapolates_unseen_lengths():
     assert math.isclose(costs.verify(13), 0.32 * (1 + 1.2) / (1 + 0.8))  # beyond: the prior slope from the nearest
 
 
+def test_plan_caps_the_model_where_lookups_pay_and_it_does_not():
+    costs = CostModel()
+    for n in range(1, 10):
+        costs.observe_verify(n, 0.1 + 0.016 * (n - 1))  # this CPU: +0.16 of a step per position
+    costs.observe_draft(1, 0.0005, LOOKUP)
+    costs.observe_draft(1, 0.013, MODEL)  # c = 0.13
+    acceptance = SourcedAcceptance()
+    for _ in range(20):
+        acceptance.observe("ngram", 4, 4)
+        acceptance.observe("model", 1, 0)
+    assert plan(acceptance, costs, 8, {LOOKUP}).model_k is None  # one source: nothing to cap
+    both = plan(acceptance, costs, 8, {LOOKUP, MODEL})
+    assert both.k >= 4 and both.model_k == 0
+    assert plan(acceptance, costs, 8, {MODEL}).k == 0  # a lone model that is always wrong drafts nothing
+
+
 def test_acceptance_counts_the_positions_the_target_judged():
     a = Acceptance(decay=1.0, accepted=0.0, tested=0.0)
     a.observe(4, 2)  # two accepted, the third rejected, the fourth never judged
@@ -98,14 +116,56 @@ class WrongDrafter:
         await self.inner.end_session(session_id)
 
 
-def _adaptive_run(tiny, proposer, base_s: float = 0.004):
-    """40 greedy tokens through an adaptive engine whose verify costs grow with positions; the
+class TwoSourceDrafter:
+    """A hybrid as the engine sees it: rounds at even context lengths are lookups the target
+    accepts (the self-draft, source "ngram"), the others model drafts it rejects, at 5 ms a token."""
+
+    def __init__(self, target):
+        self.right = LocalModelProposer(ModelDrafter(target))
+        self.lookup_ks: list[int] = []
+        self.model_ks: list[int] = []  # what the model was allowed to draft, per model round
+
+    async def propose(self, session_id, tokens, k, sampling, model_k=None):
+        if len(tokens) % 2 == 0:
+            self.lookup_ks.append(k)
+            return DraftProposal((await self.right.propose(session_id, tokens, k, sampling)).token_ids, source="ngram")
+        n = k if model_k is None else min(k, model_k)
+        self.model_ks.append(n)
+        await asyncio.sleep(0.005 * n)
+        ids = (await self.right.propose(session_id, tokens, n, sampling)).token_ids if n else []
+        return DraftProposal([(t + 1) % 50 for t in ids], source="model")
+
+    async def end_session(self, session_id):
+        await self.right.end_session(session_id)
+
+
+@pytest.mark.parametrize("pipeline", [False, True], ids=["sequential", "pipelined"])
+def test_lookups_and_model_drafts_are_priced_apart(tiny, pipeline):
+    """One α for both made k a compromise; per source, the model is capped at 0 (a 1-token probe
+    every 8 of its rounds) while lookups keep drafting long, and the output stays the target's.
+    Pipelined calls ask for one token more (the guess of the bonus), but never of a model at 0."""
+    drafter = None
+
+    def build(target):
+        nonlocal drafter
+        drafter = TwoSourceDrafter(target)
+        return drafter
+
+    result, _ = _adaptive_run(tiny, build, base_s=0.03, tokens=160, pipeline=pipeline)
+    later = drafter.model_ks[len(drafter.model_ks) // 2 :]
+    assert later and max(later) <= 1 + pipeline and later.count(0) >= len(later) - len(later) // 8 - 1, (drafter.model_ks, drafter.lookup_ks)
+    assert sum(drafter.lookup_ks[1:]) / max(len(drafter.lookup_ks) - 1, 1) >= 3  # lookups still draft long
+    assert result.stats.accepted_tokens > 0
+
+
+def _adaptive_run(tiny, proposer, base_s: float = 0.004, tokens: int = 40, pipeline: bool = False):
+    """`tokens` (40) greedy tokens through an adaptive engine whose verify costs grow with positions; the
     output must be the target's whatever k the engine picked."""
     target = tiny("llama", 1)
     verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.003, base_s=base_s)
-    engine = SpeculativeEngine(proposer(target), verifier, target, EngineConfig(max_draft_tokens=8, pipeline=False))
-    result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=40, max_draft_tokens=8)))
-    assert result.token_ids == target_only(target.model, PROMPT, 40, target.eos_token_ids)[: len(result.token_ids)]
+    engine = SpeculativeEngine(proposer(target), verifier, target, EngineConfig(max_draft_tokens=8, pipeline=pipeline))
+    result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=tokens, max_draft_tokens=8)))
+    assert result.token_ids == target_only(target.model, PROMPT, tokens, target.eos_token_ids)[: len(result.token_ids)]
     return result, verifier
 
 

@@ -100,7 +100,7 @@ def _local(tiny, kind: str, drafter: str, request: GenerationRequest):
     return asyncio.run(_engine(proposer, target).generate(request))
 
 
-def _request_proto(session_id="s", committed_len=0, new_tokens=PROMPT, k=4, sampling=None, encoding=0):
+def _request_proto(session_id="s", committed_len=0, new_tokens=PROMPT, k=4, sampling=None, encoding=0, model_k=None):
     return draft_pb2.ProposeRequest(
         session_id=session_id,
         committed_len=committed_len,
@@ -108,6 +108,7 @@ def _request_proto(session_id="s", committed_len=0, new_tokens=PROMPT, k=4, samp
         num_draft_tokens=k,
         sampling=sampling or common_pb2.SamplingParams(),
         probs_encoding=encoding,
+        model_draft_tokens=model_k,
     )
 
 
@@ -278,6 +279,7 @@ BAD_REQUESTS = [
     ({"new_tokens": [5, VOCAB]}, grpc.StatusCode.INVALID_ARGUMENT, "new_tokens"),
     ({"new_tokens": []}, grpc.StatusCode.INVALID_ARGUMENT, "new_tokens"),  # empty context
     ({"encoding": 7}, grpc.StatusCode.INVALID_ARGUMENT, "probs_encoding"),
+    ({"k": 4, "model_k": 5}, grpc.StatusCode.INVALID_ARGUMENT, "model_draft_tokens"),
     ({"committed_len": 3, "session_id": "never-seen"}, grpc.StatusCode.FAILED_PRECONDITION, "session miss"),
 ]
 
@@ -296,7 +298,11 @@ def test_bad_requests_get_their_status_naming_the_field(tiny):
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "session_id" in info.value.details()
                 await stub.EndSession(draft_pb2.EndSessionRequest(session_id="unknown"))  # fine
                 ok = await stub.Propose(_request_proto(k=32))  # the bounds themselves are accepted
-                assert len(ok.token_ids) == 32
+                assert len(ok.token_ids) == 32 and ok.source == draft_pb2.DRAFT_SOURCE_MODEL
+                capped = await stub.Propose(_request_proto("capped", k=8, model_k=3))  # the model drafts at most model_draft_tokens
+                assert len(capped.token_ids) == 3 and capped.source == draft_pb2.DRAFT_SOURCE_MODEL
+                off = await stub.Propose(_request_proto("off", k=8, model_k=0))
+                assert list(off.token_ids) == [] and off.source == draft_pb2.DRAFT_SOURCE_MODEL
 
     run(check())
 

@@ -127,6 +127,31 @@ def test_draft_core_answers_lookups_inline_and_queues_the_rest(draft):
     assert _rounds("ngram_short") - before[2] == 1
 
 
+def test_a_model_capped_at_zero_is_never_run_and_lookups_keep_their_k(draft):
+    """model_draft_tokens prices the model apart: 0 skips it (a shorter match may still answer),
+    a cap shortens its drafts, and lookups keep the call's k. The source travels with each answer."""
+    core = DraftCore(draft, hybrid=HybridConfig())
+
+    async def run():
+        try:
+            lookup = await core.propose(ProposeCall("a", 0, REPEATS, 4, GREEDY, model_k=0))
+            short = await core.propose(ProposeCall("b", 0, NO_REPEAT, 2, GREEDY, model_k=0))
+            batches_with_model_off = core.stats.batches
+            capped = await core.propose(ProposeCall("c", 0, NO_REPEAT, 4, GREEDY, model_k=2))
+            return lookup, short, batches_with_model_off, capped
+        finally:
+            await core.close()
+
+    lookup, short, batches_with_model_off, capped = asyncio.run(run())
+    assert (lookup.proposal.token_ids, lookup.proposal.source) == ([4, 9, 1, 2], "ngram")
+    assert (short.proposal.token_ids, short.proposal.source) == ([4, 9], "ngram_short")
+    assert batches_with_model_off == 0  # the model never ran while capped at 0
+    assert len(capped.proposal.token_ids) == 2 and capped.proposal.source == "model" and core.stats.batches == 1
+    in_process = HybridDrafter(ModelDrafter(draft))
+    assert in_process.propose("d", NO_REPEAT, 4, GREEDY, model_k=0).source == "ngram_short"
+    assert "d" not in in_process.model.sessions
+
+
 def test_the_server_reads_hybrid_specs(tiny_dir):
     spec = tiny_dir("gemma3", 2)
     assert load_core(ServerConfig(draft_model=f"hybrid:{spec}")).hybrid is not None

@@ -117,8 +117,12 @@ def test_field_names_are_the_contract() -> None:
     }
     assert fields(draft_pb2.ProposeRequest) == {
         "session_id": 1, "committed_len": 2, "new_tokens": 3, "num_draft_tokens": 4, "sampling": 5,
-        "probs_encoding": 6,
+        "probs_encoding": 6, "model_draft_tokens": 7,
     }
+    assert fields(draft_pb2.ProposeResponse) == {"token_ids": 1, "draft_probs": 2, "cached_len": 3, "source": 4}
+    assert list(draft_pb2.DraftSource.keys()) == [
+        "DRAFT_SOURCE_UNSPECIFIED", "DRAFT_SOURCE_NGRAM", "DRAFT_SOURCE_MODEL", "DRAFT_SOURCE_NGRAM_SHORT",
+    ]
     assert list(generation_pb2.FinishReason.keys()) == [
         "FINISH_REASON_UNSPECIFIED", "FINISH_REASON_STOP", "FINISH_REASON_LENGTH", "FINISH_REASON_CANCELLED",
     ]
