@@ -229,7 +229,9 @@ class SpeculativeEngine:
                     verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
                     # The next round's k is not known before this one is verified: ask for this
                     # round's, or one if it drafted none (a prefix of a longer draft serves too).
-                    drafts.prefetch(tokens, proposal, guess, min(max(k, 1), k_for(len(tokens) + len(proposal.token_ids) + 1)), model_k)
+                    # A probe of a capped model is this round's alone: the next keeps the model at 0.
+                    next_model_k = 0 if why == "probe" and model_k == 1 else model_k
+                    drafts.prefetch(tokens, proposal, guess, min(max(k, 1), k_for(len(tokens) + len(proposal.token_ids) + 1)), next_model_k)
                     result = await verifying
                     t2 = time.perf_counter()
                     room = min(request.max_new_tokens - generated, self.target.max_context - len(tokens))

@@ -34,6 +34,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from specdec.projection import use_column_kernels
+
 EMBEDDED_NAME = "gemma-3-270m (embedded)"
 
 # "name" or "owner/name": the shape transformers accepts as a hub repo id.
@@ -124,6 +126,7 @@ def _load(source: str | Path, name: str, dtype: torch.dtype, device: str | torch
     # Gemma 3 270M in fp32 (measured); sdpa is the fused kernel, so it is the one we pick.
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", local_files_only=local)
     model.to(device).eval().requires_grad_(False)
+    use_column_kernels(model)  # CPU: faster few-row products (specdec/projection.py); elsewhere no change
     eos_ids = _ids(model.generation_config.eos_token_id) | _ids(tokenizer.eos_token_id)
     return LoadedModel(
         model=model,

@@ -30,7 +30,8 @@ def test_expected_tokens_is_the_truncated_geometric_sum():
 
 
 def cpu_like(flat: bool = False, draft_s: float = 0.0) -> CostModel:
-    """Verify costs as measured for Gemma 3 270M on 2 cores (bench/README.md): 115 ms for one
+    """Verify costs as once measured for Gemma 3 270M on 2 cores (bench/README.md, before the
+    column kernels of specdec/projection.py made them flatter): 115 ms for one
     position, a jump to about 160 ms for two (the output projection changes kernels), then
     about 12 ms per position up to 259 ms for nine. `flat`: a GPU, where positions are free."""
     costs = CostModel()
@@ -142,7 +143,7 @@ class TwoSourceDrafter:
 @pytest.mark.parametrize("pipeline", [False, True], ids=["sequential", "pipelined"])
 def test_lookups_and_model_drafts_are_priced_apart(tiny, pipeline):
     """One α for both made k a compromise; per source, the model is capped at 0 (a 1-token probe
-    every 8 of its rounds) while lookups keep drafting long, and the output stays the target's.
+    every 8 rounds) while lookups keep drafting long, and the output stays the target's.
     Pipelined calls ask for one token more (the guess of the bonus), but never of a model at 0."""
     drafter = None
 
@@ -153,7 +154,9 @@ def test_lookups_and_model_drafts_are_priced_apart(tiny, pipeline):
 
     result, _ = _adaptive_run(tiny, build, base_s=0.03, tokens=160, pipeline=pipeline)
     later = drafter.model_ks[len(drafter.model_ks) // 2 :]
-    assert later and max(later) <= 1 + pipeline and later.count(0) >= len(later) - len(later) // 8 - 1, (drafter.model_ks, drafter.lookup_ks)
+    # Capped at 0 in most of its later rounds (a probe is a round in 8 of all, lookups included;
+    # a pipelined round asks one token more); without the split every model round drafted 2-3.
+    assert later and max(later) <= 1 + pipeline and later.count(0) >= len(later) // 2, (drafter.model_ks, drafter.lookup_ks)
     assert sum(drafter.lookup_ks[1:]) / max(len(drafter.lookup_ks) - 1, 1) >= 3  # lookups still draft long
     assert result.stats.accepted_tokens > 0
 
