@@ -47,7 +47,7 @@ class DraftSide:
         self.failures = 0  # proposer errors and timeouts
         self.pipelined_hits = 0  # rounds whose drafts were ready when verification ended
         self._retry_at = 0.0
-        self._next: tuple[tuple[int, ...], int, asyncio.Task] | None = None  # (context, k, task)
+        self._next: tuple[tuple[int, ...], int, int | None, asyncio.Task] | None = None  # (context, k, model_k, task)
 
     async def propose(self, tokens: Sequence[int], k: int, model_k: int | None = None) -> Drafts:
         """This round's drafts (at most k; at most model_k when a draft model answers) and, when
@@ -58,10 +58,14 @@ class DraftSide:
         ready = self._next
         self._next = None
         if ready is not None and ready[0] == tuple(tokens) and ready[1] >= k:
-            self.pipelined_hits += 1
-            return _first(await ready[2], k, model_k)  # asked for more than this round drafts (adaptive k): a prefix is a draft too
-        if ready is not None:
-            await _cancel(ready[2])
+            drafts = await ready[3]
+            # A hybrid's pipelined call is a lookup only (engine.py): where it found nothing and
+            # the model may draft this round, ask again, now with the model.
+            if drafts.proposal.token_ids or drafts.fallback or ready[2] != 0 or model_k == 0:
+                self.pipelined_hits += 1
+                return _first(drafts, k, model_k)  # asked for more than this round drafts (adaptive k): a prefix is a draft too
+        elif ready is not None:
+            await _cancel(ready[3])
         return _first(await self._call(list(tokens), k, model_k), k, model_k)
 
     def prefetch(self, tokens: Sequence[int], proposal: DraftProposal, guess: int | None, k_next: int, model_k_next: int | None = None) -> None:
@@ -69,11 +73,11 @@ class DraftSide:
         if not self.pipeline or guess is None or k_next <= 0:
             return
         context = list(tokens) + list(proposal.token_ids) + [guess]
-        self._next = (tuple(context), k_next, asyncio.create_task(self._call(context, k_next, model_k_next)))
+        self._next = (tuple(context), k_next, model_k_next, asyncio.create_task(self._call(context, k_next, model_k_next)))
 
     async def cancel_pipelined(self) -> None:
         if self._next is not None:
-            task, self._next = self._next[2], None
+            task, self._next = self._next[3], None
             await _cancel(task)
 
     async def _call(self, tokens: list[int], k: int, model_k: int | None) -> Drafts:

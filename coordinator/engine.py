@@ -229,8 +229,11 @@ class SpeculativeEngine:
                     verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
                     # The next round's k is not known before this one is verified: ask for this
                     # round's, or one if it drafted none (a prefix of a longer draft serves too).
-                    # A probe of a capped model is this round's alone: the next keeps the model at 0.
-                    next_model_k = 0 if why == "probe" and model_k == 1 else model_k
+                    # A hybrid's pipelined call is a lookup only: its model, run during this round's
+                    # verify, competed with the target for the cores (a 2-core machine lost 5-18%
+                    # of the n-gram drafter's speed on free text) and its cost went unseen. Its
+                    # model drafts on demand, where the cost model sees what it costs.
+                    next_model_k = 0 if self.draft_sources == {LOOKUP, MODEL} else model_k
                     drafts.prefetch(tokens, proposal, guess, min(max(k, 1), k_for(len(tokens) + len(proposal.token_ids) + 1)), next_model_k)
                     result = await verifying
                     t2 = time.perf_counter()

@@ -112,3 +112,40 @@ async def _enumerate(stream):
     async for item in stream:
         yield index, item
         index += 1
+
+
+class HybridLike:
+    """Lookups for contexts ending in 7 (none otherwise); the model drafts [1, 2, ...] when allowed."""
+
+    def __init__(self):
+        self.calls: list[tuple[int, int | None]] = []  # (k, model_k) of every call
+
+    async def propose(self, session_id, tokens, k, sampling, model_k=None):
+        from specdec.acceptance import DraftProposal
+
+        self.calls.append((k, model_k))
+        if tokens[-1] == 7:
+            return DraftProposal([7] * k, source="ngram")
+        n = k if model_k is None else min(k, model_k)
+        return DraftProposal(list(range(1, n + 1)), source="model")
+
+    async def end_session(self, session_id):
+        return None
+
+
+def test_a_lookup_only_pipelined_call_that_found_nothing_asks_the_model_again():
+    from coordinator.drafting import DraftSide
+    from specdec.acceptance import DraftProposal
+
+    async def run():
+        drafter = HybridLike()
+        side = DraftSide(drafter, "s", SamplingParams(), pipeline=True, timeout_s=5.0, retry_s=1.0)
+        side.prefetch([3, 4], DraftProposal([5]), 6, 2, 0)  # context [3, 4, 5, 6]: no lookup, model capped at 0
+        drafts = await side.propose([3, 4, 5, 6], 2, 1)  # this round the model may draft one
+        assert drafts.proposal.token_ids == [1] and drafts.proposal.source == "model" and side.pipelined_hits == 0
+        assert drafter.calls == [(3, 0), (3, 2)]  # the lookup-only call, then the model's (one more: the guess)
+        side.prefetch([3, 4], DraftProposal([5]), 7, 2, 0)  # context ends in 7: the lookup answers
+        drafts = await side.propose([3, 4, 5, 7], 2, 1)
+        assert drafts.proposal.token_ids == [7, 7] and side.pipelined_hits == 1 and len(drafter.calls) == 3
+
+    asyncio.run(run())
