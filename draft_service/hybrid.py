@@ -2,17 +2,20 @@
 
 When the context's last `min_match` tokens occurred before, the tokens that followed that
 occurrence are a better guess than a small model's (copies in code edits, quotes, RAG answers),
-and they cost microseconds instead of k model steps. Elsewhere the model drafts, and where it
-declines (a greedy draft stops at the model's first unsure token) a shorter match answers: on the
-free-continuation prompts the n-gram drafter's 1- and 2-token matches carry it to 1.1-1.25x
-target-only, better than the shipped draft does there. The choice is made per round.
+and they cost microseconds instead of k model steps. A shorter match (1 to min_match - 1 tokens)
+comes next, and the model drafts only where the context's last token never occurred before.
+That order is measured, not assumed: on the benchmark's free-continuation prompts, teacher-forced
+on the target's own greedy text, a short match's first token was the target's 44-51% of the time
+and the shipped draft's 29-41%, and the short match costs nothing; with the model ahead of short
+matches the hybrid ran at 0.94-0.98x the n-gram drafter there (bench/README.md, "Hybrid order").
+The choice is made per round.
 
-Mixing is exact: the acceptance rule judges each round on its own. An n-gram round is a point
+Mixing is exact: the acceptance rule judges each round on its own. A lookup round is a point
 mass (draft_probs None: accept iff the target's own keyed draw equals the draft), a model round
 carries its q; both leave each output token distributed as the target's, so a request may switch
 between them from one round to the next. Greedy rounds compare argmaxes either way.
 
-The model's KV cache simply skips n-gram rounds: its next call finds the common prefix with the
+The model's KV cache simply skips lookup rounds: its next call finds the common prefix with the
 context (`specdec.kv_cache.resume`) and feeds the tokens committed meanwhile.
 """
 
@@ -31,7 +34,7 @@ PREFIX = "hybrid:"  # --draft-model hybrid:SPEC serves SPEC with n-gram rounds w
 
 @dataclass(frozen=True)
 class HybridConfig:
-    min_match: int = 3  # shortest context suffix whose earlier occurrence is trusted over the model
+    min_match: int = 3  # a long match (source "ngram"); shorter ones answer as "ngram_short", still before the model
     max_match: int = 6  # longest suffix tried first (longer matches predict better)
 
 
@@ -54,50 +57,36 @@ class HybridDrafter:
         self.model = model
         self.config = config
         self.ngram = NgramDrafter(NgramConfig(max_ngram=config.max_match, min_ngram=config.min_match))
-        # Matches shorter than min_match still predict better than nothing: they answer the rounds
-        # the model declines (greedy drafts stop at the model's first unsure token, model_drafter.py).
         self.short = NgramDrafter(NgramConfig(max_ngram=config.min_match - 1, min_ngram=1)) if config.min_match > 1 else None
-        self.ngram_rounds = 0  # rounds answered by prompt lookup (a match of at least min_match)
-        self.model_rounds = 0  # rounds without a long match: the model's (unless capped at 0), or a short match's
-        self.short_rounds = 0  # of those, rounds the model declined and a shorter match answered
+        self.ngram_rounds = 0  # rounds answered by a match of at least min_match tokens
+        self.short_rounds = 0  # rounds answered by a shorter match
+        self.model_rounds = 0  # rounds without any match: the model's (unless capped at 0 or it declined)
 
-    def choose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """This round's choice: the n-gram proposal when the context has a match of at least
-        min_match tokens, else [] (the model drafts). Counted either way; the draft service calls
-        it directly (its n-gram rounds need no model queue), propose_batch in process."""
-        ids = self.ngram.propose(tokens, k)
-        if ids:
+    def choose(self, tokens: Sequence[int], k: int) -> DraftProposal | None:
+        """This round's lookup: a match of at least min_match tokens ("ngram"), else a shorter
+        one ("ngram_short"), else None (the model drafts). Counted either way; the draft service
+        calls it directly (lookups need no model queue), propose_batch in process."""
+        if k > 0 and (ids := self.ngram.propose(tokens, k)):
             self.ngram_rounds += 1
-        else:
-            self.model_rounds += 1
-        return ids
-
-    def fallback(self, tokens: Sequence[int], k: int, proposal: DraftProposal) -> DraftProposal:
-        """`proposal` itself, unless the model proposed nothing and a shorter match does."""
-        if proposal.token_ids or self.short is None or k <= 0:
-            return proposal
-        ids = self.short.propose(tokens, k)
-        self.short_rounds += bool(ids)
-        return DraftProposal(ids, source="ngram_short") if ids else proposal  # point masses: no q
+            return DraftProposal(ids, source="ngram")  # point masses: no q
+        if k > 0 and self.short is not None and (ids := self.short.propose(tokens, k)):
+            self.short_rounds += 1
+            return DraftProposal(ids, source="ngram_short")
+        self.model_rounds += 1
+        return None
 
     def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None) -> DraftProposal:
         return self.propose_batch([ProposeItem(session_id, tokens, k, sampling, model_k)])[0]
 
     def propose_batch(self, items: Sequence[ProposeItem]) -> list[DraftProposal]:
-        """n-gram proposals where a match exists; one batched model step for all the others
-        (each capped at its item's model_k: at 0 the model is skipped and only a shorter match
-        may answer)."""
-        proposals: list[DraftProposal | None] = [None] * len(items)
-        for i, item in enumerate(items):
-            if ids := self.choose(item.tokens, item.k):
-                proposals[i] = DraftProposal(ids, source="ngram")  # point masses: no q
-        rest = [i for i, p in enumerate(proposals) if p is None]
-        capped = [replace(items[i], k=model_k(items[i]), model_k=None) for i in rest]
-        asked = [j for j, item in enumerate(capped) if item.k > 0]
-        drafted = dict(zip(asked, self.model.propose_batch([capped[j] for j in asked]) if asked else []))
-        for j, i in enumerate(rest):
-            proposals[i] = self.fallback(items[i].tokens, items[i].k, drafted.get(j, DraftProposal([], source="model")))
-        return proposals  # type: ignore[return-value]
+        """Lookups where a match exists; one batched model step for all the others (each capped at
+        its item's model_k: at 0 the model is skipped and the round has no draft)."""
+        proposals = [self.choose(item.tokens, item.k) for item in items]
+        asked = [i for i, p in enumerate(proposals) if p is None and model_k(items[i]) > 0]
+        drafted = self.model.propose_batch([replace(items[i], k=model_k(items[i]), model_k=None) for i in asked]) if asked else []
+        for i, proposal in zip(asked, drafted):
+            proposals[i] = proposal
+        return [p if p is not None else DraftProposal([], source="model") for p in proposals]
 
     def end_session(self, session_id: str) -> None:
         self.model.end_session(session_id)

@@ -9,8 +9,8 @@ from specdec.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 PROPOSE_CALLS = Counter("specdec:draft_propose_calls", "Propose calls answered, by gRPC status code", ["code"])
 PROPOSE_LATENCY = Histogram("specdec:draft_propose_latency_seconds", "Propose calls, arrival to answer (successful calls)", buckets=LATENCY_BUCKETS)
 DRAFT_TOKENS = Counter("specdec:draft_tokens", "Draft tokens proposed")
-# A hybrid drafter's per-round choice: ngram (a long match), model, or ngram_short (the model
-# declined and a shorter match answered); an n-gram-only replica counts every round as ngram.
+# A hybrid drafter's per-round choice: ngram (a long match), ngram_short (a shorter match) or
+# model (no match at all); an n-gram-only replica counts every round as ngram.
 DRAFT_ROUNDS = Counter("specdec:draft_rounds", "Propose calls answered, by the drafter that answered", ["source"])
 BATCH_SIZE = Histogram("specdec:draft_batch_size", "Calls served by one batched draft-model step", buckets=BATCH_BUCKETS)
 QUEUE_DEPTH = Gauge("specdec:draft_queue_depth", "Calls waiting for the draft model")

@@ -171,16 +171,14 @@ class DraftCore:
             # Never draft past the draft model's context; fewer tokens is a valid proposal.
             k = min(call.k, self.max_context - len(context))
             model_k = k if call.model_k is None else min(k, call.model_k)
-            # A hybrid's n-gram rounds are answered inline: they need no model, so no queue.
-            looked_up = self.hybrid.choose(context, k) if self.hybrid is not None and k > 0 else []
-            if looked_up:
-                proposal = DraftProposal(looked_up, source="ngram")  # point masses: no q
+            # A hybrid's lookup rounds are answered inline: they need no model, so no queue.
+            looked_up = self.hybrid.choose(context, k) if self.hybrid is not None else None
+            if looked_up is not None:
+                proposal = looked_up
+            elif model_k > 0:
+                proposal = await self._draft(self._item(call.session_id, context, model_k, sampling), deadline)
             else:
-                proposal = DraftProposal([], source="model")
-                if model_k > 0:
-                    proposal = await self._draft(self._item(call.session_id, context, model_k, sampling), deadline)
-                if self.hybrid is not None:
-                    proposal = self.hybrid.fallback(context, k, proposal)  # the model declined (or was capped at 0): a shorter match may answer
+                proposal = DraftProposal([], source="model")  # capped at 0 and no lookup: no draft this round
         source = proposal.source
         metrics.DRAFT_ROUNDS.labels(source).inc()
         self.stats.calls += 1

@@ -31,8 +31,8 @@ from specdec.rng import Stream
 class DraftProposal:
     token_ids: list[int]  # the k proposed tokens, x_1..x_k
     draft_probs: torch.Tensor | None = None  # (k, vocab) q the tokens were drawn from; None = point mass
-    # Which drafter answered: "ngram" (prompt lookup), "model", "ngram_short" (a hybrid's shorter
-    # match where its model declined), "" unknown. The engine prices lookups and model drafts apart.
+    # Which drafter answered: "ngram" (prompt lookup), "model", "ngram_short" (a hybrid's match
+    # shorter than its min_match), "" unknown. The engine prices lookups and model drafts apart.
     source: str = ""
 
 

@@ -7,12 +7,11 @@ distilled`, `--draft-model hybrid:distilled`).
 
 "auto", the default of `specdec up`, `specdec demo` and `specdec generate --in-process`, is
 the n-gram drafter, for every target. `hybrid:distilled` (prompt lookup where the context
-repeats, this draft elsewhere) is faster on copies but not on free text: in six side-by-side
-runs (`specdec bench`, 2026-11-30, 2 CPU cores) it ran at 1.02-1.18x the n-gram drafter's
-tokens/s on copies and 0.82-1.02x on free continuation (median of four prompts each), with
-lookups and model drafts priced apart. A default slower on the commonest text than the one it
-replaces is no default; `auto` switches to `hybrid:distilled` in one line (AUTO_DRAFTER) once
-a shipped draft wins both, and the target check (only the embedded target gets it) is tested.
+repeats, this draft where it never does) ties it on free continuation (0.98-1.04x per prompt)
+and is faster on copies (1.06x median) in side-by-side runs (`specdec bench`, 2026-12-01, 2 CPU
+cores), but short requests pay for its model's prompt prefill: the 48-token demo ran at 0.85x.
+`auto` switches to `hybrid:distilled` in one line (AUTO_DRAFTER) once a shipped draft wins
+short requests too, and the target check (only the embedded target gets it) is tested.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from pathlib import Path
 DISTILLED = "distilled"  # model spec of the shipped draft
 AUTO = "auto"  # drafter spec: the best drafter shipped for the target
 DIRECTORY = Path(__file__).parent / "drafts" / "gemma3-270m"
-AUTO_DRAFTER = "ngram"  # what "auto" is (see above); "hybrid:distilled" once the draft wins free text too
+AUTO_DRAFTER = "ngram"  # what "auto" is (see above); "hybrid:distilled" once the draft wins short requests too
 
 
 def resolve_model(spec: str | None) -> str | None:

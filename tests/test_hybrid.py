@@ -25,6 +25,7 @@ from target_service.verifier import TargetVerifier
 PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17, 42]
 REPEATS = [1, 2, 3, 4, 9, 1, 2, 3]  # suffix 1 2 3 seen before, followed by 4 9 ...
 NO_REPEAT = [1, 2, 3, 4, 9, 7, 2, 3]  # suffix 2 3 seen before, but 7 2 3 never: shorter than min_match
+NO_MATCH = [1, 2, 3, 4, 9, 7, 2, 6]  # the last token never occurred before: only the model drafts
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=0.9, seed=5)
 
@@ -41,35 +42,40 @@ def draft(target):
     return dataclasses.replace(target, model=build_pruned_draft(target.model, 1, ids), name="pruned")
 
 
-def test_a_lookup_needs_a_match_of_min_match_tokens(draft):
+def test_a_long_match_then_a_short_one_then_the_model(draft):
     hybrid = HybridDrafter(ModelDrafter(draft), HybridConfig(min_match=3))
-    assert hybrid.choose(REPEATS, 4) == [4, 9, 1, 2]
-    assert hybrid.choose(NO_REPEAT, 4) == []
-    assert (hybrid.ngram_rounds, hybrid.model_rounds) == (1, 1)
-    assert HybridDrafter(ModelDrafter(draft), HybridConfig(min_match=2)).choose(NO_REPEAT, 2) == [4, 9]
+    long, short = hybrid.choose(REPEATS, 4), hybrid.choose(NO_REPEAT, 4)
+    assert (long.token_ids, long.source) == ([4, 9, 1, 2], "ngram")
+    assert (short.token_ids, short.source) == ([4, 9, 7, 2], "ngram_short")  # 2 3 -> 4 9 7 2
+    assert hybrid.choose(NO_MATCH, 4) is None  # the model's round
+    assert (hybrid.ngram_rounds, hybrid.short_rounds, hybrid.model_rounds) == (1, 1, 1)
+    only_long = HybridDrafter(ModelDrafter(draft), HybridConfig(min_match=1, max_match=3))
+    assert only_long.choose(NO_REPEAT, 2).source == "ngram" and only_long.short is None
     with pytest.raises(ValueError):
         HybridDrafter(ModelDrafter(draft), HybridConfig(min_match=4, max_match=3))
     assert parse_spec("hybrid:some/dir") == "some/dir" and parse_spec("some/dir") is None
 
 
-def test_a_shorter_match_answers_when_the_model_declines(draft):
-    """Greedy drafts stop at the model's first unsure token; a round the model declines entirely
-    takes a match shorter than min_match instead of nothing (NO_REPEAT: 2 3 -> 4 9)."""
+def test_a_model_that_declines_leaves_the_round_without_a_draft(draft):
+    """Greedy drafts stop at the model's first unsure token; with no match to fall back on the
+    round verifies no draft (the target's pass still yields a token)."""
     unsure = HybridDrafter(ModelDrafter(draft, min_confidence=0.999))
-    assert unsure.propose("a", NO_REPEAT, 2, GREEDY).token_ids == [4, 9]
-    assert (unsure.ngram_rounds, unsure.model_rounds, unsure.short_rounds) == (0, 1, 1)
+    declined = unsure.propose("a", NO_MATCH, 2, GREEDY)
+    assert (declined.token_ids, declined.source) == ([], "model")
     sure = HybridDrafter(ModelDrafter(draft))  # no threshold: the model answers
-    assert sure.propose("a", NO_REPEAT, 2, GREEDY).token_ids == ModelDrafter(draft).propose("b", NO_REPEAT, 2, GREEDY).token_ids
-    assert sure.short_rounds == 0
+    assert sure.propose("a", NO_MATCH, 2, GREEDY).token_ids == ModelDrafter(draft).propose("b", NO_MATCH, 2, GREEDY).token_ids
+    assert sure.model_rounds == 1 and sure.short_rounds == 0
 
 
 def test_each_round_is_a_lookup_or_a_model_draft(draft):
     hybrid = HybridDrafter(ModelDrafter(draft))
-    looked_up, modelled = hybrid.propose_batch([ProposeItem("a", REPEATS, 3, SAMPLED), ProposeItem("b", NO_REPEAT, 3, SAMPLED)])
+    items = [ProposeItem("a", REPEATS, 3, SAMPLED), ProposeItem("b", NO_MATCH, 3, SAMPLED), ProposeItem("c", NO_REPEAT, 3, SAMPLED)]
+    looked_up, modelled, short = hybrid.propose_batch(items)
     assert looked_up.token_ids == [4, 9, 1] and looked_up.draft_probs is None  # a point mass: no q
     assert len(modelled.token_ids) == 3 and modelled.draft_probs.shape == (3, draft.vocab_size)
-    assert (hybrid.ngram_rounds, hybrid.model_rounds) == (1, 1)
-    assert "a" not in hybrid.model.sessions and "b" in hybrid.model.sessions  # lookups never touch the model
+    assert short.source == "ngram_short" and short.draft_probs is None
+    assert (hybrid.ngram_rounds, hybrid.short_rounds, hybrid.model_rounds) == (1, 1, 1)
+    assert hybrid.model.sessions.keys() == {"b"}  # lookups never touch the model
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -96,60 +102,53 @@ def _rounds(source: str) -> float:
 
 def test_draft_core_answers_lookups_inline_and_queues_the_rest(draft):
     core = DraftCore(draft, hybrid=HybridConfig())
-    before = _rounds("ngram"), _rounds("model"), _rounds("ngram_short")
+    before = _rounds("ngram"), _rounds("ngram_short"), _rounds("model")
 
     async def run():
         try:
             first = await core.propose(ProposeCall("a", 0, REPEATS, 3, SAMPLED))
-            batches_after_lookup = core.stats.batches
-            second = await core.propose(ProposeCall("b", 0, NO_REPEAT, 3, SAMPLED))
-            return first, batches_after_lookup, second
+            short = await core.propose(ProposeCall("b", 0, NO_REPEAT, 3, SAMPLED))
+            batches_after_lookups = core.stats.batches
+            third = await core.propose(ProposeCall("c", 0, NO_MATCH, 3, SAMPLED))
+            return first, short, batches_after_lookups, third
         finally:
             await core.close()
 
-    first, batches_after_lookup, second = asyncio.run(run())
-    assert first.proposal.token_ids == [4, 9, 1] and first.proposal.draft_probs is None and batches_after_lookup == 0
-    assert second.proposal.draft_probs is not None and core.stats.batches == 1
+    first, short, batches_after_lookups, third = asyncio.run(run())
+    assert first.proposal.token_ids == [4, 9, 1] and first.proposal.draft_probs is None
+    assert short.proposal.token_ids == [4, 9, 7] and short.proposal.source == "ngram_short"
+    assert batches_after_lookups == 0
+    assert third.proposal.draft_probs is not None and core.stats.batches == 1
     # Counted where operators see it (Prometheus) and on the drafter, one round of each kind.
-    assert (_rounds("ngram") - before[0], _rounds("model") - before[1]) == (1, 1)
-    assert (core.hybrid.ngram_rounds, core.hybrid.model_rounds) == (1, 1)
-
-    # A model that declines every greedy draft: the server answers with the shorter match.
-    unsure = DraftCore(dataclasses.replace(draft, min_confidence=0.999), hybrid=HybridConfig())
-
-    async def declined():
-        try:
-            return await unsure.propose(ProposeCall("c", 0, NO_REPEAT, 2, GREEDY))
-        finally:
-            await unsure.close()
-
-    assert asyncio.run(declined()).proposal.token_ids == [4, 9]
-    assert _rounds("ngram_short") - before[2] == 1
+    assert tuple(_rounds(s) - b for s, b in zip(("ngram", "ngram_short", "model"), before)) == (1, 1, 1)
+    assert (core.hybrid.ngram_rounds, core.hybrid.short_rounds, core.hybrid.model_rounds) == (1, 1, 1)
 
 
 def test_a_model_capped_at_zero_is_never_run_and_lookups_keep_their_k(draft):
-    """model_draft_tokens prices the model apart: 0 skips it (a shorter match may still answer),
-    a cap shortens its drafts, and lookups keep the call's k. The source travels with each answer."""
+    """model_draft_tokens prices the model apart: 0 skips it, a cap shortens its drafts, and
+    lookups (long or short) keep the call's k. The source travels with each answer."""
     core = DraftCore(draft, hybrid=HybridConfig())
 
     async def run():
         try:
             lookup = await core.propose(ProposeCall("a", 0, REPEATS, 4, GREEDY, model_k=0))
             short = await core.propose(ProposeCall("b", 0, NO_REPEAT, 2, GREEDY, model_k=0))
+            skipped = await core.propose(ProposeCall("c", 0, NO_MATCH, 4, GREEDY, model_k=0))
             batches_with_model_off = core.stats.batches
-            capped = await core.propose(ProposeCall("c", 0, NO_REPEAT, 4, GREEDY, model_k=2))
-            return lookup, short, batches_with_model_off, capped
+            capped = await core.propose(ProposeCall("d", 0, NO_MATCH, 4, GREEDY, model_k=2))
+            return lookup, short, skipped, batches_with_model_off, capped
         finally:
             await core.close()
 
-    lookup, short, batches_with_model_off, capped = asyncio.run(run())
+    lookup, short, skipped, batches_with_model_off, capped = asyncio.run(run())
     assert (lookup.proposal.token_ids, lookup.proposal.source) == ([4, 9, 1, 2], "ngram")
     assert (short.proposal.token_ids, short.proposal.source) == ([4, 9], "ngram_short")
+    assert (skipped.proposal.token_ids, skipped.proposal.source) == ([], "model")
     assert batches_with_model_off == 0  # the model never ran while capped at 0
     assert len(capped.proposal.token_ids) == 2 and capped.proposal.source == "model" and core.stats.batches == 1
     in_process = HybridDrafter(ModelDrafter(draft))
-    assert in_process.propose("d", NO_REPEAT, 4, GREEDY, model_k=0).source == "ngram_short"
-    assert "d" not in in_process.model.sessions
+    assert in_process.propose("e", NO_MATCH, 4, GREEDY, model_k=0).token_ids == []
+    assert "e" not in in_process.model.sessions
 
 
 def test_the_server_reads_hybrid_specs(tiny_dir):
