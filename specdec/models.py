@@ -34,7 +34,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from specdec.projection import use_column_kernels
+from specdec.projection import pack_weights, use_column_kernels
 
 EMBEDDED_NAME = "gemma-3-270m (embedded)"
 
@@ -126,7 +126,7 @@ def _load(source: str | Path, name: str, dtype: torch.dtype, device: str | torch
     # Gemma 3 270M in fp32 (measured); sdpa is the fused kernel, so it is the one we pick.
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", local_files_only=local)
     model.to(device).eval().requires_grad_(False)
-    use_column_kernels(model)  # CPU: faster few-row products (specdec/projection.py); elsewhere no change
+    pack_weights(use_column_kernels(model))  # CPU: faster few-row products (specdec/projection.py); elsewhere no change
     eos_ids = _ids(model.generation_config.eos_token_id) | _ids(tokenizer.eos_token_id)
     return LoadedModel(
         model=model,

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel
 
 from specdec.draft_vocab import load_vocab, save_vocab
 from specdec.models import LoadedModel, load_model
-from specdec.projection import project
+from specdec.projection import pack_weights, project, use_column_kernels
 from specdec.sampling import SamplingParams, warp
 from specdec.truncate import _decoder_layers, keep_first_layers
 
@@ -179,8 +179,10 @@ def load_pruned_draft(directory: str | Path, *, dtype: torch.dtype = torch.float
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor.to(params[name].dtype))
+    model.eval().requires_grad_(False)
+    pack_weights(use_column_kernels(model))  # the trained layers and the pruned head are new weights
     return LoadedModel(
-        model=model.eval().requires_grad_(False),
+        model=model,
         tokenizer=target.tokenizer,
         name=str(directory),
         eos_token_ids=target.eos_token_ids,

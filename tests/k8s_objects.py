@@ -49,6 +49,7 @@ ENV_POLICY: dict[str, tuple[str, ...] | str] = {
     "SPECDEC_COORDINATOR_TLS_KEY": "default: goes with SPECDEC_COORDINATOR_TLS_CERT",
     "SPECDEC_DRAFT_AUTH_TOKEN": "default: unset leaves the draft port open to the cluster network; set it from a Secret to require a token",
     "SPECDEC_COORDINATOR_DRAFT_AUTH_TOKEN": "default: goes with SPECDEC_DRAFT_AUTH_TOKEN (the same Secret)",
+    "SPECDEC_PACKED_LINEAR": "default: on, oneDNN's packed kernels for verify passes on a CPU (a second copy of the weights: 1.07 GB for the embedded target, inside the CPU overlay's 4 GiB worker); off on a GPU by itself",
 }
 # Names read directly (os.environ.get("X")), and names kept in constants (X_ENV = "SPECDEC_X").
 _ENV_READ = re.compile(r"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[(\[]|getenv\s*\()\s*["']([A-Z][A-Z0-9_]+)["']""")
