@@ -36,7 +36,7 @@ def _add_model_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
         "--draft-model",
         default=AUTO,
         help="local dir, .gguf file, hub id, 'distilled' (the draft shipped for the embedded target), 'ngram' (prompt lookup), "
-        f"'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), or 'auto': the best drafter shipped for the target, ngram today (default){scope}",
+        f"'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), or 'auto': the best drafter shipped for the target, hybrid:distilled for the embedded one, else ngram (default){scope}",
     )
 
 

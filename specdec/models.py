@@ -65,8 +65,9 @@ def cache_dir() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "specdec"
 
 
-def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
-    """Load a causal LM and its tokenizer from `spec` (see the module docstring)."""
+def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", pack: bool = True) -> LoadedModel:
+    """Load a causal LM and its tokenizer from `spec` (see the module docstring). `pack=False`
+    leaves oneDNN's packed weight copies to be made later (for a model about to be cut down)."""
     from specdec import pruned_draft  # imports this module: import it late
     from specdec.shipped_draft import resolve_model
 
@@ -74,7 +75,7 @@ def load_model(spec: str | None = None, *, dtype: torch.dtype = torch.float32, d
     if pruned_draft.is_pruned_draft_dir(spec):  # a draft stored as its differences from a target
         return pruned_draft.load_pruned_draft(spec, dtype=dtype, device=device)
     source, name, local = _source(spec)
-    return _load(source, name, dtype, device, local=local)
+    return _load(source, name, dtype, device, local=local, pack=pack)
 
 
 def prepare(spec: str | None = None) -> None:
@@ -120,13 +121,15 @@ def _source(spec: str | None) -> tuple[str | Path, str, bool]:
     return spec, spec, False
 
 
-def _load(source: str | Path, name: str, dtype: torch.dtype, device: str | torch.device, *, local: bool) -> LoadedModel:
+def _load(source: str | Path, name: str, dtype: torch.dtype, device: str | torch.device, *, local: bool, pack: bool = True) -> LoadedModel:
     tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
     # sdpa and eager both give the same greedy tokens batched (left-padded) and unbatched for
     # Gemma 3 270M in fp32 (measured); sdpa is the fused kernel, so it is the one we pick.
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", local_files_only=local)
     model.to(device).eval().requires_grad_(False)
-    pack_weights(use_column_kernels(model))  # CPU: faster few-row products (specdec/projection.py); elsewhere no change
+    use_column_kernels(model)  # CPU: faster few-row products (specdec/projection.py); elsewhere no change
+    if pack:
+        pack_weights(model)
     eos_ids = _ids(model.generation_config.eos_token_id) | _ids(tokenizer.eos_token_id)
     return LoadedModel(
         model=model,

@@ -163,7 +163,7 @@ def load_pruned_draft(directory: str | Path, *, dtype: torch.dtype = torch.float
     if meta.get("format") != FORMAT:
         raise ValueError(f"{directory}/{DRAFT_FILE}: unknown format {meta.get('format')!r}, expected {FORMAT!r}")
     vocab_ids = load_vocab(directory)
-    target = load_model(meta["target"], dtype=dtype, device=device)
+    target = load_model(meta["target"], dtype=dtype, device=device, pack=False)  # packed once cut down, below
     model = target.model
     head_weight = model.get_output_embeddings().weight
     if head_weight.shape[0] != meta["full_vocab"] or abs(_fingerprint(model, vocab_ids) - meta["fingerprint"]) > 1e-3 * abs(meta["fingerprint"]) + 1e-3:

@@ -29,14 +29,14 @@ def shipped(tiny, tiny_dir, tmp_path, monkeypatch):
     return tmp_path / "drafts"
 
 
-def test_auto_is_the_n_gram_drafter_until_the_shipped_draft_beats_it():
+def test_auto_is_the_hybrid_with_the_shipped_draft_for_the_embedded_target_only():
     assert shipped_draft.available()  # the repository ships it
-    for target in (None, "default", "some/other-model"):
-        assert shipped_draft.resolve_drafter("auto", target) == shipped_draft.resolve_drafter(None, target) == "ngram"
+    for target in (None, "default"):
+        assert shipped_draft.resolve_drafter("auto", target) == shipped_draft.resolve_drafter(None, target) == "hybrid:distilled"
+    assert shipped_draft.resolve_drafter("auto", "some/other-model") == shipped_draft.resolve_drafter(None, "some/other-model") == "ngram"
 
 
 def test_auto_can_only_pick_the_shipped_draft_for_the_embedded_target(shipped, monkeypatch):
-    monkeypatch.setattr(shipped_draft, "AUTO_DRAFTER", "hybrid:distilled")  # the switch, once it pays
     assert shipped_draft.available()
     for embedded in (None, "default"):
         assert shipped_draft.resolve_drafter("auto", embedded) == "hybrid:distilled"
