@@ -24,11 +24,15 @@ k 0.3 on free text, 0.8-0.9x the n-gram drafter alone). So α is kept per source
 costs too, and a round asks for the lookup's best k with the model capped at its own (`plan`).
 
 When the best k is 0 the request still probes with k = 1 every `probe_every` rounds, so a
-request whose text starts to repeat, or a tier whose load drops, gets speculation back.
+request whose text starts to repeat, or a tier whose load drops, gets speculation back; below
+its limit it drafts one more than the best as often, so a pass length measured only in a stall
+is measured again (verify costs are medians of recent passes: two good ones outvote a stall).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -58,15 +62,22 @@ class CostModel:
     about 0.16 on this CPU, near 0 on a GPU) until rounds of that length have been measured.
     """
 
-    def __init__(self, weight: float = 0.2, prior_slope: float = 0.1):
-        self.weight = weight  # of the newest measurement in each mean
+    def __init__(self, weight: float = 0.2, prior_slope: float = 0.1, window: int = 5):
+        self.weight = weight  # of the newest measurement in each draft cost's mean
         self.prior_slope = prior_slope
-        self._verify: dict[int, float] = {}
+        self.window = window  # verify passes kept per position count
+        self._verify_samples: dict[int, deque[float]] = {}
+        self._verify: dict[int, float] = {}  # per position count: the median of its samples
         self._draft_per_token: dict[str, float] = {}  # per source class
 
     def observe_verify(self, positions: int, seconds: float) -> None:
-        old = self._verify.get(positions)
-        self._verify[positions] = seconds if old is None else old + self.weight * (seconds - old)
+        """A verify pass's time. Each count's estimate is the median of its last `window` passes:
+        one stalled pass (a collection, a first-use kernel setup) among good ones moves it not at
+        all, load that lasts shows within a few rounds. A mean let one 1-second pass price a
+        count so high that k never went there again, so it was never measured again."""
+        samples = self._verify_samples.setdefault(positions, deque(maxlen=self.window))
+        samples.append(seconds)
+        self._verify[positions] = statistics.median(samples)
 
     def observe_draft(self, k: int, seconds: float, source: str = MODEL) -> None:
         """A round's wait for k drafts from a source class (LOOKUP or MODEL)."""

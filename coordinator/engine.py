@@ -72,7 +72,7 @@ class EngineConfig:
     draft_timeout_s: float = 2.0  # a proposal later than this is dropped: that round runs with k = 0
     draft_retry_s: float = 1.0  # after a draft failure, rounds run with k = 0 this long
     adaptive: bool = True  # each round's k from the request's acceptance and the measured costs (coordinator/adaptive.py)
-    probe_every: int = 8  # adaptive k at 0: still draft one token every this many rounds, to notice a change
+    probe_every: int = 8  # adaptive k at 0: still draft one token every this many rounds, to notice a change (below its limit: one more)
     # Load awareness: with more than this many requests generating, rounds run without drafts
     # (the target tier is saturated: a rejected draft costs another request's verify time). 0: never.
     speculation_max_running: int = 0
@@ -183,11 +183,11 @@ class SpeculativeEngine:
         # drafted token's cost. Counted, it priced a 2-layer draft's token at 0.3-1 target steps
         # instead of 0.12, and k = 0 stuck (no drafting, so no cheaper measurement).
         model_drafted_last_round = False
-        since_probe = since_model_probe = 0
+        since_probe = since_model_probe = since_probe_up = 0
 
         def choose_k(cap: int) -> tuple[Plan, str]:
             """This round's plan (k at most `cap`) and why: fixed, adaptive, probe or load."""
-            nonlocal since_probe, since_model_probe
+            nonlocal since_probe, since_model_probe, since_probe_up
             if cap <= 0 or fixed_k:
                 return Plan(max(cap, 0), None), "fixed"
             if cfg.speculation_max_running and self.running > cfg.speculation_max_running:
@@ -200,6 +200,13 @@ class SpeculativeEngine:
             if chosen.k == 0 and since_probe >= cfg.probe_every:
                 since_probe = 0
                 return Plan(1, None), "probe"
+            # And one draft more than the best now and then: the next count's cost may have been
+            # measured once, in a stall, and a k that never goes there never measures it again.
+            limit = min(cap, share)
+            since_probe_up = since_probe_up + 1 if 0 < chosen.k < limit else 0
+            if since_probe_up >= cfg.probe_every:
+                since_probe_up = 0
+                return Plan(chosen.k + 1, chosen.model_k), "probe"
             # A hybrid whose model is capped at 0 still asks it for one token now and then.
             since_model_probe = since_model_probe + 1 if chosen.model_k == 0 else 0
             if chosen.model_k == 0 and since_model_probe >= cfg.probe_every:

@@ -59,9 +59,23 @@ def test_cost_model_interpolates_and_extrapolates_unseen_lengths():
     costs.observe_verify(1, 0.1)
     costs.observe_verify(9, 0.3)
     assert math.isclose(costs.verify(5), 0.2)  # between two measured lengths: the line through them
-    costs.observe_verify(9, 0.4)  # load: the newest measurement moves the mean by `weight`
-    assert math.isclose(costs.verify(9), 0.32)
-    assert math.isclose(costs.verify(13), 0.32 * (1 + 1.2) / (1 + 0.8))  # beyond: the prior slope from the nearest
+    costs.observe_verify(9, 0.4)  # load: the median of two passes
+    assert math.isclose(costs.verify(9), 0.35)
+    costs.observe_verify(9, 0.4)  # two of three: it shows in full
+    assert math.isclose(costs.verify(9), 0.4)
+    assert math.isclose(costs.verify(13), 0.4 * (1 + 1.2) / (1 + 0.8))  # beyond: the prior slope from the nearest
+
+
+def test_one_stalled_pass_does_not_price_a_length_out_of_reach():
+    costs = CostModel()
+    costs.observe_verify(3, 1.0)  # the first pass of this length stalled (a collection, a kernel's first use)
+    costs.observe_verify(3, 0.06)
+    costs.observe_verify(3, 0.06)  # measured twice more: two good passes outvote the stall
+    assert costs.verify(3) == 0.06
+    for _ in range(2):
+        costs.observe_verify(3, 0.06)
+    costs.observe_verify(3, 2.0)  # a stall among good passes moves nothing
+    assert costs.verify(3) == 0.06
 
 
 def test_plan_caps_the_model_where_lookups_pay_and_it_does_not():
@@ -190,6 +204,38 @@ def test_adaptive_engine_keeps_long_drafts_when_they_are_accepted(tiny):
     # cost against the verify's), so 40 tokens take a handful of rounds, not 40.
     drafted = [n - 1 for n in verifier.positions[1:-1]]
     assert sum(drafted) / len(drafted) >= 4 and len(verifier.positions) <= 12
+
+
+class StallingVerifier(CountingVerifier):
+    """Its first pass over `positions` positions after the prompt's stalls for `stall_s` (as a
+    first-use kernel setup did)."""
+
+    def __init__(self, verifier, positions: int, stall_s: float, **kw):
+        super().__init__(verifier, **kw)
+        self.stall_at, self.stall_s = positions, stall_s
+
+    async def verify(self, session_id, tokens, proposal, sampling):
+        # The first round's pass (with the prompt's prefill) is not a round's cost: not that one.
+        if self.positions and len(proposal.token_ids) + 1 == self.stall_at and self.stall_s:
+            stall, self.stall_s = self.stall_s, 0.0
+            await asyncio.sleep(stall)
+        return await super().verify(session_id, tokens, proposal, sampling)
+
+
+def test_a_stalled_pass_does_not_keep_k_below_its_best(tiny):
+    """The self-draft is always right, so k = 8 (9 positions) pays; the first 9-position pass after
+    the prompt's stalls for 0.5 s (about 5x a pass). With a mean, k fell (to 5 or 7, by timing)
+    and never drafted 8 again in the request: nothing measured 9 positions again. Probes one
+    draft up and median costs bring it back once two good passes outvote the stall."""
+    target = tiny("llama", 1)
+    verifier = StallingVerifier(TargetVerifier(target), positions=9, stall_s=0.5, per_position_s=0.01, base_s=0.03)
+    config = EngineConfig(max_draft_tokens=8, pipeline=False, probe_every=4)
+    engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, config)
+    result = asyncio.run(engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=240, max_draft_tokens=8)))
+    assert result.token_ids == target_only(target.model, PROMPT, 240, target.eos_token_ids)[: len(result.token_ids)]
+    drafted = [n - 1 for n in verifier.positions[1:-1]]
+    stalled = drafted.index(8)  # the first 9-position pass after the prompt's
+    assert 8 in drafted[stalled + 1 :], drafted
 
 
 def _loaded_engine(tiny, **load_config) -> tuple[SpeculativeEngine, CountingVerifier, GenerationRequest]:
