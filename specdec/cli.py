@@ -26,7 +26,7 @@ from specdec.shipped_draft import AUTO, resolve_drafter
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 # Prompt lookup drafts well when the output repeats the prompt, as code does: the embedded model
-# writes sub, mul and div after this, with about 60% of the n-gram drafts accepted.
+# writes sub, mul and div after this, with about 60% of the drafts accepted.
 DEMO_PROMPT = "def add(a: int, b: int) -> int:\n    return a + b\n\n\ndef sub("
 
 
