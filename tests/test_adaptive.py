@@ -78,6 +78,32 @@ def test_one_stalled_pass_does_not_price_a_length_out_of_reach():
     assert costs.verify(3) == 0.06
 
 
+def test_a_model_never_measured_is_not_priced_free():
+    """A hybrid's model rounds seldom follow each other, and only those measure its cost: until
+    one does, a model costs a typical c, so one right 7% of the time does not draft where a verify
+    position is cheap (here 5% of a pass). A lookup is still free, and a measured model its own."""
+    costs = CostModel()
+    costs.observe_verify(1, 0.100)
+    costs.observe_verify(2, 0.105)
+    assert best_k(0.07, costs, 8, MODEL) == 0
+    assert best_k(0.07, costs, 8, LOOKUP) == 1
+    costs.observe_draft(1, 0.0, MODEL)  # measured: a model that costs nothing drafts like a lookup
+    assert best_k(0.07, costs, 8, MODEL) == 1
+
+
+def test_a_slow_short_pass_is_not_priced_above_a_longer_one():
+    costs = CostModel()
+    costs.observe_verify(1, 0.042)  # slow samples: the machine was busy then
+    costs.observe_verify(2, 0.040)
+    costs.observe_verify(4, 0.050)
+    assert costs.verify(1) == 0.040 and costs.verify(2) == 0.040 and costs.verify(3) == 0.045
+    # At face value a model right 8% of the time drafted (1.08 tokens for 0.040 + 0.004 s against 1 for 0.042 s).
+    assert best_k(0.08, costs, 1, MODEL) == 0
+    costs.observe_verify(4, 2.0)
+    costs.observe_verify(4, 2.0)  # a stalled longer length moves no shorter one
+    assert costs.verify(2) == 0.040
+
+
 def test_plan_caps_the_model_where_lookups_pay_and_it_does_not():
     costs = CostModel()
     for n in range(1, 10):
@@ -240,9 +266,11 @@ def test_a_stalled_pass_does_not_keep_k_below_its_best(tiny):
 
 def _loaded_engine(tiny, **load_config) -> tuple[SpeculativeEngine, CountingVerifier, GenerationRequest]:
     """A self-drafting engine (always right, flat costs: it drafts the request's max alone) with
-    the given load awareness, and a request allowing k = 4."""
+    the given load awareness, and a request allowing k = 4. A pass takes 30 ms, so the tiny
+    self-draft (about 4 ms a token here) is as cheap as real drafts are (c near 0.1): at 4 ms a
+    pass, k = 3 and 4 were a near tie that timing noise decided."""
     target = tiny("llama", 1)
-    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.0)
+    verifier = CountingVerifier(TargetVerifier(target), per_position_s=0.0, base_s=0.03)
     config = EngineConfig(max_draft_tokens=8, pipeline=False, **load_config)
     engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, config)
     return engine, verifier, GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=24, max_draft_tokens=4)
