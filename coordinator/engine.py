@@ -259,10 +259,16 @@ class SpeculativeEngine:
                 answered = k > 0 and not fallback and (drafted > 0 or proposal.source != "")  # a model that declined answered too
                 if answered:
                     self.draft_sources.add(source)
+                # A model that declined every draft it was allowed (its confidence stop) still ran:
+                # for planning that is one draft the target rejected (the tokens the shipped draft
+                # declines are right 13% of the time). Counted as nothing, a model-only engine
+                # asked it every round at alpha's prior, paid a model step each time and ran at
+                # 0.93x target-only on free text.
+                declined = int(answered and source == MODEL and drafted == 0 and model_k != 0)
                 if source == LOOKUP or model_drafted_last_round:  # lookups have no catch-up to exclude
-                    self.costs.observe_draft(drafted, t1 - t0, source)
+                    self.costs.observe_draft(drafted + declined, t1 - t0, source)
                 model_drafted_last_round = answered and source == MODEL
-                acceptance.observe(proposal.source, drafted, result.num_accepted)
+                acceptance.observe(proposal.source, drafted + declined, result.num_accepted)
                 fixed_k |= not request.sampling.greedy and proposal.draft_probs is not None
                 stats.record(len(proposal.token_ids), result.num_accepted)
                 stats.pipelined_rounds, stats.draft_failures = drafts.pipelined_hits, drafts.failures

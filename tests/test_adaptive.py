@@ -221,6 +221,30 @@ def test_adaptive_engine_stops_drafting_what_is_rejected_and_keeps_the_output(ti
     assert result.stats.accepted_tokens == 0
 
 
+class DecliningDrafter:
+    """A draft model whose confidence stop declines every draft: each call costs 5 ms, proposes nothing."""
+
+    def __init__(self):
+        self.calls = 0
+
+    async def propose(self, session_id, tokens, k, sampling):
+        self.calls += 1
+        await asyncio.sleep(0.005)
+        return DraftProposal([], source="model")
+
+    async def end_session(self, session_id):
+        pass
+
+
+def test_a_model_that_declines_its_drafts_stops_being_asked(tiny):
+    """A decline is priced as a rejected draft: the engine stops asking (a probe 1 round in 8)
+    instead of paying a model call every round at alpha's prior."""
+    drafter = DecliningDrafter()
+    result, verifier = _adaptive_run(tiny, lambda target: drafter, tokens=40)
+    assert result.stats.draft_tokens == 0 and len(verifier.positions) == 40
+    assert drafter.calls <= 40 // 8 + 4, drafter.calls  # a few at the prior, then probes
+
+
 def test_adaptive_engine_keeps_long_drafts_when_they_are_accepted(tiny):
     # A target pass that costs well above the tiny draft's own steps, so that on a loaded machine
     # the draft's measured cost still cannot make short drafts the better buy.
