@@ -115,10 +115,10 @@ class CostModel:
         per_token = self._draft_per_token.get(source)
         if per_token is None:
             # Not measured yet: a lookup is free, a model costs a typical c of 0.1 target steps a
-            # token (the shipped distilled draft's is 0.11). Only a model round
-            # after a model round is measured (catch-up excluded), and a hybrid's model rounds
-            # seldom follow each other: priced free meanwhile, a model right 5-8% of the time kept
-            # drafting wherever a verify position cost less than that.
+            # token (the shipped distilled draft's is 0.11). Only a model round after a model
+            # round is measured (catch-up excluded), and a hybrid's model rounds seldom follow
+            # each other: priced free meanwhile, a model right 5-8% of the time kept drafting
+            # wherever a verify position cost less than that.
             per_token = 0.0 if source == LOOKUP else self.model_prior_c * self.verify(1)
         return per_token * k
 

@@ -82,9 +82,9 @@ def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 class _ColumnLinear(nn.Linear):
     """nn.Linear whose forward is oneDNN's packed GEMM or `column_linear`: same parameters, same
-    state dict. The packed copy is made at the first forward that uses it and again whenever the
-    weight changed (its version counter or storage), so loading trained weights into a module
-    later (a pruned draft's layers) is never served stale."""
+    state dict. The packed copy is made at load time (`pack_weights`), else at the first forward
+    that uses it, and again whenever the weight changed (its version counter or storage), so
+    loading trained weights into a module later (a pruned draft's layers) is never served stale."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
