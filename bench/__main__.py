@@ -2,6 +2,6 @@
 
 import sys
 
-from bench.suite.run import main
+from specdec.bench.suite.run import main
 
 sys.exit(main())

@@ -40,11 +40,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from coordinator.clients import DraftClient
-from draft_service.service import DraftConfig, DraftCore, ProposeCall
-from specdec.models import load_model
-from specdec.sampling import SamplingParams
-from specdec.tiny import make_tiny_model
+from specdec.coordinator.clients import DraftClient
+from specdec.core.sampling import SamplingParams
+from specdec.draft_service.service import DraftConfig, DraftCore, ProposeCall
+from specdec.drafts.loading import load_model
+from specdec.runtime.tiny import make_tiny_model
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 GEMMA_VOCAB = 262_144
@@ -56,9 +56,23 @@ SAMPLED_TOPK = SamplingParams(temperature=1.0, top_k=50, seed=1)
 @asynccontextmanager
 async def draft_server(model: str, max_batch: int = 32):
     """`python -m draft_service` on a free port; yields its address once health says SERVING."""
-    argv = [sys.executable, "-m", "draft_service", "--draft-model", model, "--port", "0", "--max-batch", str(max_batch), "--max-queue", "4096"]
+    argv = [
+        sys.executable,
+        "-m",
+        "specdec.draft_service",
+        "--draft-model",
+        model,
+        "--port",
+        "0",
+        "--max-batch",
+        str(max_batch),
+        "--max-queue",
+        "4096",
+    ]
     with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1")
+        )
         try:
             line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)
             if "listening on" not in line:
@@ -67,7 +81,9 @@ async def draft_server(model: str, max_batch: int = 32):
             address = line.rsplit(" ", 1)[-1].strip()
             async with grpc.aio.insecure_channel(address) as channel, asyncio.timeout(120):
                 health = health_pb2_grpc.HealthStub(channel)
-                while (await health.Check(health_pb2.HealthCheckRequest())).status != health_pb2.HealthCheckResponse.SERVING:
+                while (
+                    await health.Check(health_pb2.HealthCheckRequest())
+                ).status != health_pb2.HealthCheckResponse.SERVING:
                     await asyncio.sleep(0.05)  # the model loads after the port opens
             yield address
         finally:
@@ -113,7 +129,9 @@ async def overhead_row(name: str, model: str, sampling: SamplingParams, args) ->
     repeat = ProposeCall("s", len(context), [], k, sampling)
     samples: dict[str, list[float]] = {"in-process us": [], "stub us": [], "client us": []}
     async with draft_server(model) as address:
-        async with grpc.aio.insecure_channel(address, options=(("grpc.max_receive_message_length", 256 << 20),)) as channel:
+        async with grpc.aio.insecure_channel(
+            address, options=(("grpc.max_receive_message_length", 256 << 20),)
+        ) as channel:
             stub = draft_pb2_grpc.DraftServiceStub(channel)
             await stub.Propose(first)
             size = (await stub.Propose(again)).ByteSize()
@@ -121,7 +139,9 @@ async def overhead_row(name: str, model: str, sampling: SamplingParams, args) ->
                 for _ in range(args.repeats):  # interleaved, so drift on the machine hits all three alike
                     samples["in-process us"].append(await _time_calls(lambda: core.propose(repeat), calls))
                     samples["stub us"].append(await _time_calls(lambda: stub.Propose(again), calls))
-                    samples["client us"].append(await _time_calls(lambda: client.propose("c", context, k, sampling), calls))
+                    samples["client us"].append(
+                        await _time_calls(lambda: client.propose("c", context, k, sampling), calls)
+                    )
     await core.close()
     row = {"case": name, "response bytes": size} | {key: statistics.median(v) * 1e6 for key, v in samples.items()}
     row["overhead stub us"] = row["stub us"] - row["in-process us"]
@@ -139,7 +159,9 @@ async def _session(client: DraftClient, index: int, rounds: int, k: int, prompt_
     return drafted
 
 
-async def throughput(client: DraftClient, sessions: int, rounds: int, k: int, prompt_len: int, tag: int) -> tuple[float, float]:
+async def throughput(
+    client: DraftClient, sessions: int, rounds: int, k: int, prompt_len: int, tag: int
+) -> tuple[float, float]:
     """(draft tokens/s, Propose calls/s) with `sessions` sessions proposing concurrently."""
     start = time.perf_counter()
     drafted = await asyncio.gather(*(_session(client, tag * 1000 + i, rounds, k, prompt_len) for i in range(sessions)))
@@ -157,7 +179,10 @@ async def transport_floor(address: str, calls: int) -> float:
 def _table(rows: list[dict], columns: list[str], formats: dict[str, str]) -> str:
     cells = [[formats.get(c, "{}").format(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(row, widths)) + " |" for row in cells]
     return "\n".join(lines)
 
@@ -178,11 +203,25 @@ async def run(args) -> None:
     for name, model, sampling in cases:
         rows.append(await overhead_row(name, model, sampling, args))
         print(f"  measured: {name}", file=sys.stderr)
-    print(f"\nPropose round trip on loopback, k={args.k}, context {args.context} tokens; medians of {args.calls} calls, median over {args.repeats} repeats (microseconds)\n")
-    columns = ["case", "response bytes", "in-process us", "stub us", "client us", "overhead stub us", "overhead client us"]
+    print(
+        f"\nPropose round trip on loopback, k={args.k}, context {args.context} tokens; medians of {args.calls} calls, median over {args.repeats} repeats (microseconds)\n"
+    )
+    columns = [
+        "case",
+        "response bytes",
+        "in-process us",
+        "stub us",
+        "client us",
+        "overhead stub us",
+        "overhead client us",
+    ]
     print(_table(rows, columns, {c: "{:.0f}" for c in columns[1:]}))
 
-    servers = [("model, batched (max-batch 32)", tiny, 32), ("model, one at a time (max-batch 1)", tiny, 1), ("ngram", "ngram", 32)]
+    servers = [
+        ("model, batched (max-batch 32)", tiny, 32),
+        ("model, one at a time (max-batch 1)", tiny, 1),
+        ("ngram", "ngram", 32),
+    ]
     tokens: dict[tuple[str, int], list[float]] = {(name, n): [] for name, _, _ in servers for n in args.sessions}
     calls: dict[tuple[str, int], list[float]] = {key: [] for key in tokens}
     async with draft_server(tiny, 32) as batched, draft_server(tiny, 1) as single, draft_server("ngram") as ngram:
@@ -209,7 +248,9 @@ async def run(args) -> None:
     for name, _, _ in servers:
         row = {"server": name}
         for n in args.sessions:
-            row[f"{n} sessions"] = f"{statistics.median(tokens[(name, n)]):.0f} ({statistics.median(calls[(name, n)]):.0f})"
+            row[f"{n} sessions"] = (
+                f"{statistics.median(tokens[(name, n)]):.0f} ({statistics.median(calls[(name, n)]):.0f})"
+            )
         rows.append(row)
     print(_table(rows, ["server"] + [f"{n} sessions" for n in args.sessions], {}))
 

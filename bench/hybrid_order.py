@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bench.prompts import _FREE_CODE_PROMPTS, _FREE_PROSE_PROMPTS
-from draft_service.hybrid import HybridConfig
-from draft_service.ngram import NgramConfig, NgramDrafter
+from specdec.bench.prompts import _FREE_CODE_PROMPTS, _FREE_PROSE_PROMPTS
+from specdec.draft_service.hybrid import HybridConfig
+from specdec.draft_service.ngram import NgramConfig, NgramDrafter
 
 ORDERS = {  # name: the sources tried in turn, the first that proposes anything answers
     "ngram": ("ngram",),
@@ -62,7 +62,15 @@ def cases(target, draft, prompts: Sequence[str], tokens: int) -> list[Case]:
     return out
 
 
-def walk(case_list: Sequence[Case], order: Sequence[str], k: int, model_k: int, min_confidence: float, verify_cost: float, draft_cost: float) -> Outcome:
+def walk(
+    case_list: Sequence[Case],
+    order: Sequence[str],
+    k: int,
+    model_k: int,
+    min_confidence: float,
+    verify_cost: float,
+    draft_cost: float,
+) -> Outcome:
     """Greedy rounds of `order` over every case; speedup and first-token acceptance per source."""
     config = HybridConfig()
     lookups: dict[str, Callable[[list[int], int], list[int]]] = {
@@ -116,17 +124,31 @@ def _model_draft(case: Case, last: int, k: int, min_confidence: float) -> list[i
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from specdec.models import load_model
+    from specdec.drafts.loading import load_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
     parser.add_argument("--draft-model", default="distilled", help="default: the shipped distilled draft")
-    parser.add_argument("--tokens", type=int, default=64, help="greedy tokens per prompt (default 64, as the benchmark)")
+    parser.add_argument(
+        "--tokens", type=int, default=64, help="greedy tokens per prompt (default 64, as the benchmark)"
+    )
     parser.add_argument("--k", type=int, default=2, help="draft tokens per round (default 2)")
     parser.add_argument("--model-k", type=int, default=1, help="the model's cap within k (default 1)")
-    parser.add_argument("--min-confidence", type=float, default=0.3, help="the model's confidence stop (default 0.3, the shipped draft's)")
-    parser.add_argument("--verify-cost", type=float, default=0.15, help="target steps per extra verified position (default 0.15, measured before the packed kernels; about 0.03 with them)")
-    parser.add_argument("--draft-cost", type=float, default=0.11, help="target steps per model draft token (default 0.11)")
+    parser.add_argument(
+        "--min-confidence",
+        type=float,
+        default=0.3,
+        help="the model's confidence stop (default 0.3, the shipped draft's)",
+    )
+    parser.add_argument(
+        "--verify-cost",
+        type=float,
+        default=0.15,
+        help="target steps per extra verified position (default 0.15, measured before the packed kernels; about 0.03 with them)",
+    )
+    parser.add_argument(
+        "--draft-cost", type=float, default=0.11, help="target steps per model draft token (default 0.11)"
+    )
     args = parser.parse_args(argv)
     target, draft = load_model(args.target_model), load_model(args.draft_model)
     prompts = [prompt for _, prompt in _FREE_PROSE_PROMPTS + _FREE_CODE_PROMPTS]

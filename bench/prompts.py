@@ -60,8 +60,14 @@ _FREE_PROSE_PROMPTS = (
 # Code to continue: the body is not in the prompt.
 _FREE_CODE_PROMPTS = (
     ("fibonacci", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
-    ("stack_class", 'class Stack:\n    """A last-in, first-out stack backed by a list."""\n\n    def __init__(self):\n'),
-    ("word_count", 'import collections\n\n\ndef word_count(path):\n    """Count the words in a text file; return the ten most common."""\n'),
+    (
+        "stack_class",
+        'class Stack:\n    """A last-in, first-out stack backed by a list."""\n\n    def __init__(self):\n',
+    ),
+    (
+        "word_count",
+        'import collections\n\n\ndef word_count(path):\n    """Count the words in a text file; return the ten most common."""\n',
+    ),
 )
 
 # The free workload of the older benchmarks (bench/single_process.py, bench/stack.py): the prose, then one code opener.
@@ -92,7 +98,10 @@ def copy_prompts() -> list[tuple[str, str]]:
 
 def edit_prompts() -> list[tuple[str, str]]:
     return [
-        (f"edit:{module}.{qualname}", _EDIT_TEMPLATE.format(source=source, new_name=qualname.rsplit(".", 1)[-1].lstrip("_") + "_v2"))
+        (
+            f"edit:{module}.{qualname}",
+            _EDIT_TEMPLATE.format(source=source, new_name=qualname.rsplit(".", 1)[-1].lstrip("_") + "_v2"),
+        )
         for module, qualname, source in _sources()
     ]
 

@@ -30,17 +30,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm import tqdm
 
-from bench.prompts import WORKLOADS, workload
-from coordinator.engine import EngineConfig, GenerationRequest, SpeculationStats
-from coordinator.local import build_engine, load_pair
-from specdec.models import LoadedModel
+from specdec.bench.prompts import WORKLOADS, workload
+from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculationStats
+from specdec.local.in_process import build_engine, load_pair
+from specdec.runtime.models import LoadedModel
 
 METHODS = ("ours_k0", "ours_ngram", "hf_greedy", "hf_pld")
 DEFAULT_K = 8  # best of 3..8 on copy prompts, even with 3 on free ones (bench/README.md, "Choosing k")
@@ -65,12 +65,18 @@ Method = Callable[[list[int], int], Run]  # (prompt ids, max_new_tokens) -> Run
 
 def make_methods(target: LoadedModel, k: int, runner: asyncio.Runner) -> dict[str, Method]:
     # No eos ids: our engine then stops only at max_new_tokens, like transformers with eos None.
-    engine = build_engine(replace(target, eos_token_ids=frozenset()), None, EngineConfig(default_draft_tokens=k, max_draft_tokens=max(k, 16), adaptive=False))
+    engine = build_engine(
+        replace(target, eos_token_ids=frozenset()),
+        None,
+        EngineConfig(default_draft_tokens=k, max_draft_tokens=max(k, 16), adaptive=False),
+    )
     model = target.model
 
     def ours(speculate: bool) -> Method:
         def run(prompt_ids: list[int], max_new_tokens: int) -> Run:
-            request = GenerationRequest(prompt_token_ids=prompt_ids, max_new_tokens=max_new_tokens, speculate=speculate, max_draft_tokens=k)
+            request = GenerationRequest(
+                prompt_token_ids=prompt_ids, max_new_tokens=max_new_tokens, speculate=speculate, max_draft_tokens=k
+            )
             result, seconds, cpu = _timed(lambda: runner.run(engine.generate(request)))
             return Run(result.token_ids, seconds, cpu, result.stats)
 
@@ -112,7 +118,9 @@ def bench_prompt(methods: dict[str, Method], prompt_ids: list[int], args, order:
             runs[name].append(methods[name](prompt_ids, args.max_new_tokens))
             progress.update()
     reference = runs["ours_k0"][0].token_ids
-    tokens_per_s = {name: statistics.median(len(run.token_ids) / run.seconds for run in rs) for name, rs in runs.items()}
+    tokens_per_s = {
+        name: statistics.median(len(run.token_ids) / run.seconds for run in rs) for name, rs in runs.items()
+    }
     stats = runs["ours_ngram"][-1].stats  # greedy: identical in every repeat
     return {
         "prompt_tokens": len(prompt_ids),
@@ -178,13 +186,19 @@ def print_tables(results: dict, out=sys.stdout) -> None:
     print(_HEADER, file=out)
     print(_line("all", results["overall"]), file=out)
     if not all(results["overall"]["greedy_equal"].values()):
-        bad = [f"{row['workload']}/{row['label']}: {[m for m, ok in row['greedy_equal'].items() if not ok]}" for row in results["prompts"] if not all(row["greedy_equal"].values())]
+        bad = [
+            f"{row['workload']}/{row['label']}: {[m for m, ok in row['greedy_equal'].items() if not ok]}"
+            for row in results["prompts"]
+            if not all(row["greedy_equal"].values())
+        ]
         print("\nGREEDY EQUALITY FAILED (tokens differ from ours_k0): " + "; ".join(bad), file=out)
 
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
     except OSError:
         return None
     return out.stdout.strip() or None
@@ -193,14 +207,30 @@ def _git_commit() -> str | None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if argv[:1] == ["--"]:  # `specdec bench -- --k 6`: the separator the CLI's REMAINDER needs
         argv = argv[1:]
-    p = argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specdec bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens every method generates (default 64)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per method and prompt; tables show the median (default 3)")
-    p.add_argument("--k", type=int, default=DEFAULT_K, help=f"max draft tokens, ours and transformers' prompt_lookup_num_tokens (default {DEFAULT_K})")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per method and prompt; tables show the median (default 3)"
+    )
+    p.add_argument(
+        "--k",
+        type=int,
+        default=DEFAULT_K,
+        help=f"max draft tokens, ours and transformers' prompt_lookup_num_tokens (default {DEFAULT_K})",
+    )
     p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
     p.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep only the last N prompt tokens (0: no limit; for tiny test models)")
-    p.add_argument("--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)")
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="keep only the last N prompt tokens (0: no limit; for tiny test models)",
+    )
+    p.add_argument(
+        "--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)"
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write all results as JSON")
     args = p.parse_args(argv)
     for name in ("max_new_tokens", "repeats", "k", "prompts"):
@@ -229,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods.values():  # first calls pay for allocator growth and lazy init
             method(warmup_ids, min(args.max_new_tokens, 8))
         order = random.Random(0)  # the method orders are shuffled, but the same every run
-        with tqdm(total=len(encoded) * args.repeats * len(METHODS), desc="bench", unit="run", file=sys.stderr) as progress:
+        with tqdm(
+            total=len(encoded) * args.repeats * len(METHODS), desc="bench", unit="run", file=sys.stderr
+        ) as progress:
             for name, label, ids in encoded:
                 progress.set_postfix_str(f"{name}/{label}")
                 rows.append({"workload": name, "label": label, **bench_prompt(methods, ids, args, order, progress)})
@@ -245,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "machine": platform.machine(),
             "commit": _git_commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
         "prompts": rows,
         "workloads": {name: summarize([row for row in rows if row["workload"] == name]) for name in names},

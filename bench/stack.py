@@ -35,28 +35,28 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from collections.abc import AsyncIterator
-from typing import Awaitable, Callable
 
 import grpc
 import torch
 from opentelemetry import trace
 from tqdm import tqdm
 
-from bench.prompts import WORKLOADS, workload
-from bench.single_process import _git_commit
-from coordinator.clients import DraftClient
-from coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
-from coordinator.local import build_engine
-from coordinator.server import GenerationServer, ServerConfig
-from coordinator.stack import LocalStack, StackConfig, connect_engine
-from specdec.models import load_model
-from specdec.truncate import first_layers_dir
+from specdec.bench.prompts import WORKLOADS, workload
+from specdec.bench.single_process import _git_commit
+from specdec.coordinator.clients import DraftClient
+from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
+from specdec.coordinator.remote import connect_engine
+from specdec.coordinator.server import GenerationServer, ServerConfig
+from specdec.drafts.loading import load_model
+from specdec.drafts.truncate import first_layers_dir
+from specdec.local.in_process import build_engine
+from specdec.local.stack import LocalStack, StackConfig
+from specdec.target_service.pool import PoolConfig, TargetPool
 from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
-from target_service.pool import PoolConfig, TargetPool
 
 METHODS = ("single_k0", "single_spec", "stack_k0", "stack_spec", "stack_serial")
 DEFAULT_K = 8  # as bench/single_process.py
@@ -105,12 +105,24 @@ def drafter_spec(drafter: str, target_model: str | None) -> str:
 
 def single_method(engine: SpeculativeEngine, speculate: bool, k: int) -> Method:
     async def run(prompt_ids: list[int], max_new_tokens: int) -> Run:
-        request = GenerationRequest(prompt_token_ids=prompt_ids, max_new_tokens=max_new_tokens, speculate=speculate, max_draft_tokens=k)
+        request = GenerationRequest(
+            prompt_token_ids=prompt_ids, max_new_tokens=max_new_tokens, speculate=speculate, max_draft_tokens=k
+        )
         started = time.perf_counter()
         result = await engine.generate(request)
         seconds = time.perf_counter() - started
         s = result.stats
-        return Run(result.token_ids, seconds, s.rounds, s.draft_tokens, s.accepted_tokens, s.pipelined_rounds, s.draft_wait_s, s.verify_wait_s, s.seconds)
+        return Run(
+            result.token_ids,
+            seconds,
+            s.rounds,
+            s.draft_tokens,
+            s.accepted_tokens,
+            s.pipelined_rounds,
+            s.draft_wait_s,
+            s.verify_wait_s,
+            s.seconds,
+        )
 
     return run
 
@@ -139,8 +151,13 @@ def bench_prompt(runs_by_method: dict[str, list[Run]]) -> dict:
     med = statistics.median
     reference = runs_by_method["single_k0"][0].token_ids
     tps = {name: med(len(run.token_ids) / run.seconds for run in runs) for name, runs in runs_by_method.items()}
-    split = {name: {part: med(run.split()[part] for run in runs) for part in ("draft", "verify", "coordinator", "outside")} for name, runs in runs_by_method.items()}
-    verify_ms = {name: med(1000 * run.verify_wait_s / run.rounds for run in runs) for name, runs in runs_by_method.items()}
+    split = {
+        name: {part: med(run.split()[part] for run in runs) for part in ("draft", "verify", "coordinator", "outside")}
+        for name, runs in runs_by_method.items()
+    }
+    verify_ms = {
+        name: med(1000 * run.verify_wait_s / run.rounds for run in runs) for name, runs in runs_by_method.items()
+    }
     spec = runs_by_method["stack_spec"][-1]  # greedy: the same rounds in every repeat
     return {
         "new_tokens": len(reference),
@@ -157,32 +174,50 @@ def bench_prompt(runs_by_method: dict[str, list[Run]]) -> dict:
         "tokens_per_round": len(reference) / spec.rounds,
         "rounds": spec.rounds,
         "pipelined_rounds": spec.pipelined_rounds,
-        "greedy_equal": {name: all(run.token_ids == reference for run in runs) for name, runs in runs_by_method.items()},
+        "greedy_equal": {
+            name: all(run.token_ids == reference for run in runs) for name, runs in runs_by_method.items()
+        },
         "token_ids": reference,
     }
 
 
-_RATIOS = ("stack_over_single", "stack_over_single_k0", "speedup_stack", "speedup_single", "pipelining_gain", "acceptance_rate", "tokens_per_round")
+_RATIOS = (
+    "stack_over_single",
+    "stack_over_single_k0",
+    "speedup_stack",
+    "speedup_single",
+    "pipelining_gain",
+    "acceptance_rate",
+    "tokens_per_round",
+)
 
 
 def summarize(rows: list[dict]) -> dict:
     med = statistics.median
     out = {name: med(row[name] for row in rows) for name in _RATIOS}
     out["tokens_per_s"] = {m: med(row["tokens_per_s"][m] for row in rows) for m in METHODS}
-    out["time_split"] = {m: {part: med(row["time_split"][m][part] for row in rows) for part in rows[0]["time_split"][m]} for m in METHODS}
+    out["time_split"] = {
+        m: {part: med(row["time_split"][m][part] for row in rows) for part in rows[0]["time_split"][m]} for m in METHODS
+    }
     out["verify_ms_per_round"] = {m: med(row["verify_ms_per_round"][m] for row in rows) for m in METHODS}
     out["greedy_equal"] = {m: all(row["greedy_equal"][m] for row in rows) for m in METHODS}
     out["prompts"] = len(rows)
     return out
 
 
-async def bench_drafter(drafter: str, target, encoded: list[tuple[str, str, list[int]]], args, progress: tqdm) -> list[dict]:
+async def bench_drafter(
+    drafter: str, target, encoded: list[tuple[str, str, list[int]]], args, progress: tqdm
+) -> list[dict]:
     """Every method on every prompt for one drafter; one local stack for all of them."""
     spec = drafter_spec(drafter, args.target_model)
     config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=args.adaptive)
     # EOS off everywhere: every method then generates exactly max_new_tokens tokens.
-    single = build_engine(replace(target, eos_token_ids=frozenset()), None if spec == "ngram" else load_model(spec), config)
-    stack_config = StackConfig(target_model=args.target_model, draft_model=spec, pool_name=POOL, server=ServerConfig(port=0), engine=config)
+    single = build_engine(
+        replace(target, eos_token_ids=frozenset()), None if spec == "ngram" else load_model(spec), config
+    )
+    stack_config = StackConfig(
+        target_model=args.target_model, draft_model=spec, pool_name=POOL, server=ServerConfig(port=0), engine=config
+    )
     async with LocalStack(stack_config) as stack:
         arms = {"pipelined": (replace(config, pipeline=True), None), "serial": (replace(config, pipeline=False), None)}
         async with coordinators(stack, args.target_model, arms) as stubs:
@@ -204,13 +239,24 @@ async def bench_drafter(drafter: str, target, encoded: list[tuple[str, str, list
                     for m in order.sample(METHODS, len(METHODS)):
                         runs[m].append(await methods[m](ids, args.max_new_tokens))
                         progress.update()
-                rows.append({"drafter": drafter, "workload": name, "label": label, "prompt_tokens": len(ids), **bench_prompt(runs)})
+                rows.append(
+                    {
+                        "drafter": drafter,
+                        "workload": name,
+                        "label": label,
+                        "prompt_tokens": len(ids),
+                        **bench_prompt(runs),
+                    }
+                )
             return rows
 
 
 @asynccontextmanager
 async def coordinators(
-    stack: LocalStack, target_model: str | None, arms: dict[str, tuple[EngineConfig, trace.Tracer | None]], drafts: dict[str, DraftClient] | None = None
+    stack: LocalStack,
+    target_model: str | None,
+    arms: dict[str, tuple[EngineConfig, trace.Tracer | None]],
+    drafts: dict[str, DraftClient] | None = None,
 ) -> AsyncIterator[dict[str, generation_pb2_grpc.GenerationServiceStub]]:
     """A coordinator per arm over the running stack's tiers (EOS off: every call generates
     exactly max_new_tokens), each on a free loopback port; yields a stub per arm. An arm named
@@ -223,7 +269,11 @@ async def coordinators(
     try:
         for name, (config, tracer) in arms.items():
             draft = (drafts or {}).get(name, stack.draft)
-            servers.append(GenerationServer(SpeculativeEngine(draft, pool, remote, config, tracer), ServerConfig(port=0), tracer=tracer))
+            servers.append(
+                GenerationServer(
+                    SpeculativeEngine(draft, pool, remote, config, tracer), ServerConfig(port=0), tracer=tracer
+                )
+            )
             channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{await servers[-1].start()}"))
             stubs[name] = generation_pb2_grpc.GenerationServiceStub(channels[-1])
         yield stubs
@@ -262,11 +312,20 @@ def print_tables(results: dict, out=sys.stdout) -> None:
             print(_line("median", summary), file=out)
         overall = results["overall"][drafter]
         print(f"\n-- drafter {drafter}: where the time goes (share of wall time, median over prompts) --", file=out)
-        print(f"{'method':<14} {'draft':>6} {'verify':>6} {'coord':>6} {'outside':>7} {'verify ms/round':>15}", file=out)
+        print(
+            f"{'method':<14} {'draft':>6} {'verify':>6} {'coord':>6} {'outside':>7} {'verify ms/round':>15}", file=out
+        )
         for m in METHODS:
             s = overall["time_split"][m]
-            print(f"{m:<14} {s['draft']:>6.1%} {s['verify']:>6.1%} {s['coordinator']:>6.1%} {s['outside']:>7.1%} {overall['verify_ms_per_round'][m]:>15.1f}", file=out)
-    bad = [f"{r['drafter']} {r['workload']}/{r['label']}" for r in results["prompts"] if not all(r["greedy_equal"].values())]
+            print(
+                f"{m:<14} {s['draft']:>6.1%} {s['verify']:>6.1%} {s['coordinator']:>6.1%} {s['outside']:>7.1%} {overall['verify_ms_per_round'][m]:>15.1f}",
+                file=out,
+            )
+    bad = [
+        f"{r['drafter']} {r['workload']}/{r['label']}"
+        for r in results["prompts"]
+        if not all(r["greedy_equal"].values())
+    ]
     if bad:
         print("\nGREEDY EQUALITY FAILED (tokens differ from single_k0): " + "; ".join(bad), file=out)
 
@@ -274,16 +333,32 @@ def print_tables(results: dict, out=sys.stdout) -> None:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if argv[:1] == ["--"]:
         argv = argv[1:]
-    p = argparse.ArgumentParser(prog="python -m bench.stack", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--drafter", action="append", default=None, help="ngram, first:N (the target's first N layers) or a model spec; repeatable (default: ngram and first:4)")
+    p = argparse.ArgumentParser(
+        prog="python -m bench.stack",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--drafter",
+        action="append",
+        default=None,
+        help="ngram, first:N (the target's first N layers) or a model spec; repeatable (default: ngram and first:4)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--k", type=int, default=DEFAULT_K, help=f"max draft tokens (default {DEFAULT_K})")
     p.add_argument("--adaptive", action="store_true", help="adaptive k (at most --k) instead of k = --k every round")
     p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
     p.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep only the last N prompt tokens (0: no limit; for tiny test models)")
-    p.add_argument("--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)")
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="keep only the last N prompt tokens (0: no limit; for tiny test models)",
+    )
+    p.add_argument(
+        "--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)"
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write all results as JSON")
     args = p.parse_args(argv)
     args.drafter = args.drafter or ["ngram", "first:4"]
@@ -302,7 +377,12 @@ async def run(args: argparse.Namespace) -> dict:
             ids = target.tokenizer(text)["input_ids"]
             encoded.append((name, label, ids[-args.max_prompt_tokens :] if args.max_prompt_tokens else ids))
     rows = []
-    with tqdm(total=len(args.drafter) * len(encoded) * args.repeats * len(METHODS), desc="bench stack", unit="run", file=sys.stderr) as progress:
+    with tqdm(
+        total=len(args.drafter) * len(encoded) * args.repeats * len(METHODS),
+        desc="bench stack",
+        unit="run",
+        file=sys.stderr,
+    ) as progress:
         for drafter in args.drafter:
             rows += await bench_drafter(drafter, target, encoded, args, progress)
     return {
@@ -314,10 +394,13 @@ async def run(args: argparse.Namespace) -> dict:
             "torch": torch.__version__,
             "python": platform.python_version(),
             "commit": _git_commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
         "prompts": rows,
-        "summary": {d: {w: summarize([r for r in rows if r["drafter"] == d and r["workload"] == w]) for w in names} for d in args.drafter},
+        "summary": {
+            d: {w: summarize([r for r in rows if r["drafter"] == d and r["workload"] == w]) for w in names}
+            for d in args.drafter
+        },
         "overall": {d: summarize([r for r in rows if r["drafter"] == d]) for d in args.drafter},
     }
 

@@ -30,13 +30,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from tqdm import tqdm
 
-from bench.prompts import WORKLOADS, workload
-from bench.stack import POOL, coordinators, stack_method
-from coordinator.engine import EngineConfig
-from coordinator.server import ServerConfig
-from coordinator.stack import LocalStack, StackConfig
-from specdec.models import load_tokenizer
-from specdec.trace_file import JsonLinesSpanExporter, read_spans
+from specdec.bench.prompts import WORKLOADS, workload
+from specdec.bench.stack import POOL, coordinators, stack_method
+from specdec.coordinator.engine import EngineConfig
+from specdec.coordinator.server import ServerConfig
+from specdec.drafts.loading import load_tokenizer
+from specdec.local.stack import LocalStack, StackConfig
+from specdec.telemetry.trace_file import JsonLinesSpanExporter, read_spans
 
 ARMS = ("traced", "untraced")
 
@@ -74,8 +74,18 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
     if install_global:  # the draft client's gRPC interceptor records its spans with the global one
         trace.set_tracer_provider(traced)
     tracers = {"traced": traced.get_tracer("bench"), "untraced": TracerProvider(sampler=ALWAYS_OFF).get_tracer("bench")}
-    config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=False)  # the same k in both arms
-    stack_config = StackConfig(target_model=args.target_model, draft_model=args.drafter, pool_name=POOL, trace_file=str(trace_file), metrics_port=0, server=ServerConfig(port=0), engine=config)
+    config = EngineConfig(
+        default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=False
+    )  # the same k in both arms
+    stack_config = StackConfig(
+        target_model=args.target_model,
+        draft_model=args.drafter,
+        pool_name=POOL,
+        trace_file=str(trace_file),
+        metrics_port=0,
+        server=ServerConfig(port=0),
+        engine=config,
+    )
     seconds: dict[str, dict[str, list[float]]] = {label: {arm: [] for arm in ARMS} for label, _ in prompts}
     tokens: dict[str, int] = {}
     async with LocalStack(stack_config) as stack:
@@ -84,7 +94,9 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
             for arm in ARMS:  # warm-up
                 await methods[arm](prompts[0][1], min(8, args.max_new_tokens))
             order = random.Random(0)
-            with tqdm(total=len(prompts) * args.repeats * len(ARMS), desc="bench tracing", unit="run", file=sys.stderr) as progress:
+            with tqdm(
+                total=len(prompts) * args.repeats * len(ARMS), desc="bench tracing", unit="run", file=sys.stderr
+            ) as progress:
                 for label, ids in prompts:
                     for _ in range(args.repeats):
                         for arm in order.sample(ARMS, len(ARMS)):
@@ -98,12 +110,22 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
     rows = []
     for label, _ in prompts:
         tps = {arm: statistics.median(tokens[label] / s for s in seconds[label][arm]) for arm in ARMS}
-        rows.append({"prompt": label, "tokens_per_s": tps, "seconds": seconds[label], "traced_over_untraced": tps["traced"] / tps["untraced"]})
+        rows.append(
+            {
+                "prompt": label,
+                "tokens_per_s": tps,
+                "seconds": seconds[label],
+                "traced_over_untraced": tps["traced"] / tps["untraced"],
+            }
+        )
     return {
         "config": {**vars(args)},
         "prompts": rows,
         "median_ratio": statistics.median(row["traced_over_untraced"] for row in rows),
-        "spans_by_service": {service: sum(1 for s in spans if s["service"] == service) for service in sorted({s["service"] for s in spans})},
+        "spans_by_service": {
+            service: sum(1 for s in spans if s["service"] == service)
+            for service in sorted({s["service"] for s in spans})
+        },
     }
 
 

@@ -56,11 +56,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bench never downloads a mode
 
 import torch  # noqa: E402
 
-from specdec.acceptance import DraftProposal, Verification  # noqa: E402
-from specdec.models import LoadedModel, load_model  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
-from specdec.tiny import make_tiny_model  # noqa: E402
-from target_service.verifier import TargetVerifier, VerifyItem  # noqa: E402
+from specdec.core.acceptance import DraftProposal, Verification  # noqa: E402
+from specdec.core.sampling import SamplingParams  # noqa: E402
+from specdec.drafts.loading import load_model
+from specdec.runtime.models import LoadedModel  # noqa: E402
+from specdec.runtime.tiny import make_tiny_model  # noqa: E402
+from specdec.target_service.verifier import TargetVerifier, VerifyItem  # noqa: E402
 
 GREEDY = SamplingParams()
 MODELS = {"tiny": "tiny llama (hidden 64, 2 layers, vocab 259)", "gemma": "gemma-3-270m (embedded, fp32)"}
@@ -144,9 +145,9 @@ class Pools:
     def __init__(self, spec: str | None, threads: int):
         import ray
 
-        from target_service.actor import ActorConfig
-        from target_service.pool import PoolConfig, TargetPool, launch
-        from target_service.ray_cluster import connect
+        from specdec.target_service.actor import ActorConfig
+        from specdec.target_service.pool import PoolConfig, TargetPool, launch
+        from specdec.target_service.ray_cluster import connect
 
         self._omp = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(threads)  # Ray's workers inherit it (else they get num_cpus)
@@ -183,7 +184,9 @@ class Pools:
 
 
 async def _pool_round(pool, sessions: list[Session]) -> list[Verification]:
-    return await asyncio.gather(*(pool.verify(s.session_id, s.context, DraftProposal(s.drafts), GREEDY) for s in sessions))
+    return await asyncio.gather(
+        *(pool.verify(s.session_id, s.context, DraftProposal(s.drafts), GREEDY) for s in sessions)
+    )
 
 
 class Sampler:
@@ -230,7 +233,9 @@ async def measure(setup: Setup, pools: Pools | None, args) -> dict:
     for repeat in range(args.repeats + 1):  # pass 0 is the warm-up (prefills, first shapes, counts)
         for k in args.ks:
             s = setup.latency[k]
-            samples = sampler.run(("lat", k), lambda: v.verify(s.session_id, s.context, DraftProposal(s.drafts), GREEDY))
+            samples = sampler.run(
+                ("lat", k), lambda: v.verify(s.session_id, s.context, DraftProposal(s.drafts), GREEDY)
+            )
             lat["in_process"][k] += [med(t for t, _ in samples)] if samples else []
             if pools:
                 samples = await sampler.arun(("pool lat", k), lambda: _pool_round(pools.batched, [s]))
@@ -238,15 +243,27 @@ async def measure(setup: Setup, pools: Pools | None, args) -> dict:
         for n in args.sessions:
             items = [_item(s) for s in setup.batch[:n]]
             rate("batched", n, sampler.run(("batched", n), lambda: v.verify_batch(items)))
-            rate("one_at_a_time", n, sampler.run(("single", n), lambda: [v.verify(i.session_id, i.tokens, i.proposal, i.sampling) for i in items]))
+            rate(
+                "one_at_a_time",
+                n,
+                sampler.run(
+                    ("single", n), lambda: [v.verify(i.session_id, i.tokens, i.proposal, i.sampling) for i in items]
+                ),
+            )
             if pools:
                 before = len(await pools.batch_sizes(pools.batched))
-                samples = await sampler.arun(("pool batched", n), lambda: _pool_round(pools.batched, setup.rejecting[:n]))
+                samples = await sampler.arun(
+                    ("pool batched", n), lambda: _pool_round(pools.batched, setup.rejecting[:n])
+                )
                 if samples:
                     forwards[n] += (await pools.batch_sizes(pools.batched))[before:]
                     calls[n] += len(samples)
                 rate("pool_batched", n, samples)
-                rate("pool_single", n, await sampler.arun(("pool single", n), lambda: _pool_round(pools.single, setup.rejecting[:n])))
+                rate(
+                    "pool_single",
+                    n,
+                    await sampler.arun(("pool single", n), lambda: _pool_round(pools.single, setup.rejecting[:n])),
+                )
         print(f"  {'repeat ' + str(repeat) if repeat else 'warm-up'} done", file=sys.stderr)
     return {"latency": lat, "throughput": tput, "outputs": outputs, "forwards": forwards, "steps": calls}
 
@@ -264,10 +281,19 @@ def summarize(name: str, setup: Setup, raw: dict, floor: float | None, args) -> 
     throughput = []
     for n in args.sessions:
         t = {key: med(v[n]) if v[n] else None for key, v in raw["throughput"].items()}
-        row = {"sessions": n, "batched_tok_s": t["batched"], "one_at_a_time_tok_s": t["one_at_a_time"], "ratio": t["batched"] / t["one_at_a_time"]}
+        row = {
+            "sessions": n,
+            "batched_tok_s": t["batched"],
+            "one_at_a_time_tok_s": t["one_at_a_time"],
+            "ratio": t["batched"] / t["one_at_a_time"],
+        }
         if t["pool_batched"] is not None:
             sizes = raw["forwards"][n]
-            row |= {"pool_batched_tok_s": t["pool_batched"], "pool_single_tok_s": t["pool_single"], "pool_ratio": t["pool_batched"] / t["pool_single"]}
+            row |= {
+                "pool_batched_tok_s": t["pool_batched"],
+                "pool_single_tok_s": t["pool_single"],
+                "pool_ratio": t["pool_batched"] / t["pool_single"],
+            }
             row["pool_forwards_per_step"] = len(sizes) / raw["steps"][n]
         throughput.append(row)
     out = raw["outputs"]
@@ -283,7 +309,9 @@ def summarize(name: str, setup: Setup, raw: dict, floor: float | None, args) -> 
         "num_accepted": [len(ids) - 1 for ids in out["batched"][-1]],
     }
     if out["pool_batched"]:
-        result["pool_identical"] = all(b == s == expected_rejects for b, s in zip(out["pool_batched"], out["pool_single"]))
+        result["pool_identical"] = all(
+            b == s == expected_rejects for b, s in zip(out["pool_batched"], out["pool_single"])
+        )
         result["ray_floor_ms"] = floor * 1e3
     return result
 
@@ -292,22 +320,38 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """columns: (header, key, format); missing keys print as '-'."""
     cells = [[fmt.format(row[key]) if row.get(key) is not None else "-" for _, key, fmt in columns] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, (h, _, _) in enumerate(columns)]
-    lines = ["| " + " | ".join(h.ljust(w) for (h, _, _), w in zip(columns, widths)) + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for (h, _, _), w in zip(columns, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(row, widths)) + " |" for row in cells]
     return "\n".join(lines)
 
 
 def report(result: dict, args, ray: bool) -> None:
     print(f"\n## {result['model']}\n")
-    print(f"Verify latency vs k, one session, context {args.context} tokens cached; per-repeat median round, median over {args.repeats} repeats\n")
-    columns = [("k", "k", "{}"), ("in-process ms", "in_process_ms", "{:.2f}"), ("positions/s", "positions_per_s", "{:.0f}")]
+    print(
+        f"Verify latency vs k, one session, context {args.context} tokens cached; per-repeat median round, median over {args.repeats} repeats\n"
+    )
+    columns = [
+        ("k", "k", "{}"),
+        ("in-process ms", "in_process_ms", "{:.2f}"),
+        ("positions/s", "positions_per_s", "{:.0f}"),
+    ]
     if ray:
         columns += [("pool ms", "pool_ms", "{:.2f}"), ("Ray overhead ms", "ray_overhead_ms", "{:.2f}")]
     print(_table(result["latency"], columns))
     if ray:
         print(f"\nRay floor (an `info` call, no model work): {result['ray_floor_ms']:.2f} ms")
-    print(f"\nVerified tokens/s (scored positions, k+1 = {args.k + 1} per round), N sessions one round each per step; median over {args.repeats} repeats\n")
-    columns = [("sessions", "sessions", "{}"), ("batched", "batched_tok_s", "{:.0f}"), ("one at a time", "one_at_a_time_tok_s", "{:.0f}"), ("ratio", "ratio", "{:.2f}")]
+    print(
+        f"\nVerified tokens/s (scored positions, k+1 = {args.k + 1} per round), N sessions one round each per step; median over {args.repeats} repeats\n"
+    )
+    columns = [
+        ("sessions", "sessions", "{}"),
+        ("batched", "batched_tok_s", "{:.0f}"),
+        ("one at a time", "one_at_a_time_tok_s", "{:.0f}"),
+        ("ratio", "ratio", "{:.2f}"),
+    ]
     if ray:
         columns += [
             ("pool batched", "pool_batched_tok_s", "{:.0f}"),
@@ -316,7 +360,9 @@ def report(result: dict, args, ray: bool) -> None:
             ("forwards/step", "pool_forwards_per_step", "{:.1f}"),
         ]
     print(_table(result["throughput"], columns))
-    print(f"\nbatched == one at a time (accepted ids, every repeat): {result['identical']}; accepted per session {result['num_accepted']}")
+    print(
+        f"\nbatched == one at a time (accepted ids, every repeat): {result['identical']}; accepted per session {result['num_accepted']}"
+    )
     if ray:
         print(f"pool batched == pool max_batch 1 == target's first token: {result['pool_identical']}")
 

@@ -20,10 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.engine import EngineConfig
-from coordinator.server import ServerConfig
-
-from specdec import flag_types
+from specdec.coordinator.engine import EngineConfig
+from specdec.coordinator.server import ServerConfig
+from specdec.core import flag_types
 
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
 METRICS_PORT = 9464
@@ -43,7 +42,7 @@ class CoordinatorConfig:
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    from target_service.pool import NAMESPACE, PREFIX
+    from specdec.target_service.pool import NAMESPACE, PREFIX
 
     server, engine = ServerConfig(), EngineConfig()
     p = argparse.ArgumentParser(
@@ -55,9 +54,21 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         env = ENV_PREFIX + name.upper().replace("-", "_")
         default = environ.get(env, default)
         shown = ("set" if default else "unset") if secret else default  # --help never prints a token
-        p.add_argument(f"--{name}", default=default, type=type, required=required and default is None, help=f"{help} [env {env}; default {shown}]")
+        p.add_argument(
+            f"--{name}",
+            default=default,
+            type=type,
+            required=required and default is None,
+            help=f"{help} [env {env}; default {shown}]",
+        )
 
-    flag("draft", None, str, "DraftService address: host:port, several comma-separated, or dns:///name:port", required=True)
+    flag(
+        "draft",
+        None,
+        str,
+        "DraftService address: host:port, several comma-separated, or dns:///name:port",
+        required=True,
+    )
     flag("target-pool", PREFIX, str, "target actor name prefix (actors <name>-0 .. <name>-(n-1))")
     flag("namespace", NAMESPACE, str, "Ray namespace of the target pool")
     flag("ray-address", "auto", str, "Ray cluster to join ('auto': the one running on this machine)")
@@ -66,17 +77,58 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
     flag("metrics-port", METRICS_PORT, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one")
     flag("max-draft-tokens", engine.max_draft_tokens, flag_types.positive_int, "largest k a request may ask for")
-    flag("default-draft-tokens", engine.default_draft_tokens, flag_types.nonnegative_int, "k for requests that leave it unset")
-    flag("max-inflight", server.max_inflight, flag_types.positive_int, "requests generating at once; more get RESOURCE_EXHAUSTED")
-    flag("pipeline", "on" if engine.pipeline else "off", flag_types.on_off, "'on': draft round r+1 while round r is verified")
-    flag("adaptive", "on" if engine.adaptive else "off", flag_types.on_off, "'on': each round's k from the request's acceptance and the measured costs, at most the request's max")
-    flag("speculation-max-running", engine.speculation_max_running, flag_types.nonnegative_int, "with more requests generating than this, rounds run without drafts (target saturated); 0: never")
-    flag("speculation-token-budget", "auto", flag_types.nonnegative_int_or_auto, "target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0: no budget; auto: 16 on a CPU target, none on a GPU")
-    flag("draft-timeout", engine.draft_timeout_s, flag_types.positive_seconds, "a proposal later than this is dropped (that round runs with k = 0)")
+    flag(
+        "default-draft-tokens",
+        engine.default_draft_tokens,
+        flag_types.nonnegative_int,
+        "k for requests that leave it unset",
+    )
+    flag(
+        "max-inflight",
+        server.max_inflight,
+        flag_types.positive_int,
+        "requests generating at once; more get RESOURCE_EXHAUSTED",
+    )
+    flag(
+        "pipeline",
+        "on" if engine.pipeline else "off",
+        flag_types.on_off,
+        "'on': draft round r+1 while round r is verified",
+    )
+    flag(
+        "adaptive",
+        "on" if engine.adaptive else "off",
+        flag_types.on_off,
+        "'on': each round's k from the request's acceptance and the measured costs, at most the request's max",
+    )
+    flag(
+        "speculation-max-running",
+        engine.speculation_max_running,
+        flag_types.nonnegative_int,
+        "with more requests generating than this, rounds run without drafts (target saturated); 0: never",
+    )
+    flag(
+        "speculation-token-budget",
+        "auto",
+        flag_types.nonnegative_int_or_auto,
+        "target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0: no budget; auto: 16 on a CPU target, none on a GPU",
+    )
+    flag(
+        "draft-timeout",
+        engine.draft_timeout_s,
+        flag_types.positive_seconds,
+        "a proposal later than this is dropped (that round runs with k = 0)",
+    )
     flag("grace", server.grace_s, flag_types.seconds, "seconds calls in flight get to finish after SIGTERM")
     flag("tls-cert", None, str, "PEM certificate chain file: serve TLS (with --tls-key) instead of plaintext")
     flag("tls-key", None, str, "PEM private key file of --tls-cert")
-    flag("draft-auth-token", None, str, "token the draft tier requires (its --auth-token); prefer the env variable: flags show in ps", secret=True)
+    flag(
+        "draft-auth-token",
+        None,
+        str,
+        "token the draft tier requires (its --auth-token); prefer the env variable: flags show in ps",
+        secret=True,
+    )
     return p
 
 
@@ -84,7 +136,9 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
     p = _parser(environ)
     args = p.parse_args(argv)
     if args.default_draft_tokens > args.max_draft_tokens:
-        p.error(f"--default-draft-tokens {args.default_draft_tokens} exceeds --max-draft-tokens {args.max_draft_tokens}")
+        p.error(
+            f"--default-draft-tokens {args.default_draft_tokens} exceeds --max-draft-tokens {args.max_draft_tokens}"
+        )
     tls = None
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
@@ -100,7 +154,9 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         ray_address=args.ray_address,
         target_model=args.target_model,
         metrics_port=args.metrics_port,
-        server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace, tls=tls),
+        server=ServerConfig(
+            host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace, tls=tls
+        ),
         engine=EngineConfig(
             default_draft_tokens=args.default_draft_tokens,
             max_draft_tokens=args.max_draft_tokens,
@@ -116,11 +172,11 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
 
 async def serve(config: CoordinatorConfig) -> None:
     """Serve until SIGTERM or SIGINT, then stop: NOT_SERVING, calls in flight get the grace period."""
-    from coordinator.clients import DraftClient, DraftClientConfig
-    from coordinator.server import GenerationServer
-    from coordinator.stack import connect_engine
-    from specdec.metrics import MetricsServer
-    from target_service.pool import PoolConfig, TargetPool
+    from specdec.coordinator.clients import DraftClient, DraftClientConfig
+    from specdec.coordinator.remote import connect_engine
+    from specdec.coordinator.server import GenerationServer
+    from specdec.target_service.pool import PoolConfig, TargetPool
+    from specdec.telemetry.metrics import MetricsServer
 
     pool = TargetPool(PoolConfig(prefix=config.target_pool, namespace=config.namespace))
     draft_addresses = config.draft.split(",") if "," in config.draft else config.draft
@@ -148,9 +204,9 @@ async def serve(config: CoordinatorConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(sys.argv[1:] if argv is None else argv)
-    from specdec.telemetry import configure_tracing
-    from target_service.pool import TargetUnavailable
-    from target_service.ray_cluster import connect
+    from specdec.target_service.pool import TargetUnavailable
+    from specdec.target_service.ray_cluster import connect
+    from specdec.telemetry.tracing import configure_tracing
 
     configure_tracing("specdec-coordinator")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -161,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdec coordinator: {e}", file=sys.stderr)
         return 1
     except (OSError, ValueError, RuntimeError) as e:  # the tokenizer the pool names is not here; a busy port
-        print(f"specdec coordinator: {type(e).__name__}: {e} (--target-model names where to load the tokenizer from)", file=sys.stderr)
+        print(
+            f"specdec coordinator: {type(e).__name__}: {e} (--target-model names where to load the tokenizer from)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

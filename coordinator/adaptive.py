@@ -35,16 +35,16 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-# DraftProposal.source values that are prompt lookups (nearly free); any other source, unknown
-# included, is priced as a draft model.
-LOOKUP_SOURCES = frozenset({"ngram", "ngram_short"})
-LOOKUP, MODEL = "lookup", "model"  # the two source classes
+from specdec.core.acceptance import DraftProposal
+from specdec.core.draft_source import is_lookup
+
+LOOKUP, MODEL = "lookup", "model"  # the two source classes: prompt lookups and draft models
 
 
 def source_class(source: str) -> str:
-    return LOOKUP if source in LOOKUP_SOURCES else MODEL
+    return LOOKUP if is_lookup(source) else MODEL
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -190,3 +190,105 @@ def ideal_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: float =
     the round's cost in target steps (c = draft step / target step; verify_ratio = a (k+1)-position
     verify pass over a 1-position one, 1 on hardware where it is free)."""
     return expected_tokens(alpha, k) / (k * cost_ratio + verify_ratio)
+
+
+class PolicySettings(Protocol):
+    """The engine settings the draft-length policy reads (`EngineConfig` has them)."""
+
+    adaptive: bool
+    probe_every: int
+    speculation_max_running: int
+    speculation_token_budget: int
+
+
+class RoundPlan(NamedTuple):
+    k: int  # the round's most drafts
+    model_k: int | None  # the most a draft model may propose, when below k; None: k
+    why: str  # what set k: "fixed", "adaptive", "probe" or "load" (the round span's k_policy)
+
+
+class DraftLengthPolicy:
+    """One request's draft length: `plan` before each round, `observe` after it (the shape of
+    transformers' candidate generator with its `update_candidate_strategy`).
+
+    `costs` and `sources` are the engine's, shared by its requests: a cost measured in one request
+    prices the next one's rounds, and the source classes the draft tier answers with are the
+    tier's, not the request's. The acceptance and the probe counters are the request's own.
+    """
+
+    def __init__(self, settings: PolicySettings, costs: CostModel, sources: set[str], *, greedy: bool):
+        self.settings = settings
+        self.costs = costs
+        self.sources = sources
+        self.greedy = greedy
+        self.acceptance = SourcedAcceptance()
+        self.fixed = not settings.adaptive  # a sampled model draft fixes k too: seeded outputs then depend on k only
+        self.rounds = 0
+        # A draft model called after rounds it did not draft (the first one included) is also fed
+        # every token committed since: that catch-up is not a drafted token's cost, so a model
+        # round's draft time is measured only right after another model round.
+        self._model_drafted_last_round = False
+        self._since_probe = self._since_probe_up = self._since_model_probe = 0
+
+    def plan(self, cap: int, running: int) -> RoundPlan:
+        """This round's plan, k at most `cap`, with `running` requests generating on the engine."""
+        cfg = self.settings
+        if cap <= 0 or self.fixed:
+            return RoundPlan(max(cap, 0), None, "fixed")
+        if cfg.speculation_max_running and running > cfg.speculation_max_running:
+            return RoundPlan(0, None, "load")
+        budget = cfg.speculation_token_budget
+        share = budget // max(running, 1) - 1 if budget > 0 else cap  # this request's positions of a pass, less its own
+        if share <= 0:
+            return RoundPlan(0, None, "load")
+        limit = min(cap, share)
+        chosen = plan(self.acceptance, self.costs, limit, self.sources)
+        self._since_probe = 0 if chosen.k > 0 else self._since_probe + 1
+        if chosen.k == 0 and self._since_probe >= cfg.probe_every:
+            self._since_probe = 0
+            return RoundPlan(1, None, "probe")
+        # One draft more than the best now and then: a length measured once, in a stall, would
+        # otherwise never be chosen, so never measured again.
+        self._since_probe_up = self._since_probe_up + 1 if 0 < chosen.k < limit else 0
+        if self._since_probe_up >= cfg.probe_every:
+            self._since_probe_up = 0
+            return RoundPlan(chosen.k + 1, chosen.model_k, "probe")
+        # A hybrid whose model is capped at 0 still asks it for one token now and then.
+        self._since_model_probe = self._since_model_probe + 1 if chosen.model_k == 0 else 0
+        if chosen.model_k == 0 and self._since_model_probe >= cfg.probe_every:
+            self._since_model_probe = 0
+            return RoundPlan(chosen.k, 1, "probe")
+        return RoundPlan(chosen.k, chosen.model_k, "load" if share < cap and chosen.k == share else "adaptive")
+
+    def pipelined_model_k(self, model_k: int | None) -> int | None:
+        """The model cap of a call made during a verify pass. A hybrid's is a lookup only: its model
+        would run beside the target's pass on the same cores, at a cost nothing measures; it
+        drafts on demand instead, where the cost model sees it."""
+        return 0 if self.sources == {LOOKUP, MODEL} else model_k
+
+    def observe(
+        self,
+        planned: RoundPlan,
+        proposal: DraftProposal,
+        fallback: bool,
+        accepted: int,
+        draft_s: float,
+        verify_s: float,
+    ) -> None:
+        """What the round cost and how much of it the target accepted."""
+        drafted = len(proposal.token_ids)
+        if self.rounds:  # the first round's verify includes the prompt's prefill: not a round's cost
+            self.costs.observe_verify(drafted + 1, verify_s)
+        self.rounds += 1
+        source = source_class(proposal.source)
+        answered = planned.k > 0 and not fallback and (drafted > 0 or proposal.source != "")
+        if answered:  # a model that declined every draft answered too
+            self.sources.add(source)
+        # A model that declined every draft it was allowed (its confidence stop) still ran: for
+        # planning that is one draft the target rejected, or a model-only engine keeps asking it.
+        declined = int(answered and source == MODEL and drafted == 0 and planned.model_k != 0)
+        if source == LOOKUP or self._model_drafted_last_round:  # lookups have no catch-up to exclude
+            self.costs.observe_draft(drafted + declined, draft_s, source)
+        self._model_drafted_last_round = answered and source == MODEL
+        self.acceptance.observe(proposal.source, drafted + declined, accepted)
+        self.fixed |= not self.greedy and proposal.draft_probs is not None

@@ -28,15 +28,16 @@ from dataclasses import dataclass, field
 import grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
 
-from specdec.acceptance import DraftProposal
-from specdec.kv_cache import common_prefix
-from specdec.packing import unpack_probs
-from specdec.sampling import SamplingParams
+from specdec.core import draft_source
+from specdec.core.acceptance import DraftProposal
+from specdec.core.draft_source import model_draft_limit
+from specdec.core.packing import unpack_probs
+from specdec.core.sampling import SamplingParams
+from specdec.runtime.kv_cache import common_prefix
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SESSION_MISS = "session miss"  # the server's FAILED_PRECONDITION prefix (draft_service/server.py)
 _DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
-_SOURCES = {draft_pb2.DRAFT_SOURCE_NGRAM: "ngram", draft_pb2.DRAFT_SOURCE_MODEL: "model", draft_pb2.DRAFT_SOURCE_NGRAM_SHORT: "ngram_short"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,9 @@ class DraftClient:
         self.misses = 0  # session-miss answers that led to a full resend
         self._metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else None
 
-    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None) -> DraftProposal:
+    async def propose(
+        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
+    ) -> DraftProposal:
         tokens = list(tokens)
         address = await self._replica(session_id)
         sent = self._sessions.get(session_id)
@@ -94,7 +97,11 @@ class DraftClient:
         try:
             response = await self._propose(address, session_id, tokens, committed, k, sampling, model_k)
         except grpc.aio.AioRpcError as e:
-            if committed == 0 or e.code() != grpc.StatusCode.FAILED_PRECONDITION or not (e.details() or "").startswith(SESSION_MISS):
+            if (
+                committed == 0
+                or e.code() != grpc.StatusCode.FAILED_PRECONDITION
+                or not (e.details() or "").startswith(SESSION_MISS)
+            ):
                 raise
             self.misses += 1
             response = await self._propose(address, session_id, tokens, 0, k, sampling, model_k)
@@ -103,7 +110,7 @@ class DraftClient:
         q = None
         if response.HasField("draft_probs"):
             q = unpack_probs(response.draft_probs, num_tokens=len(token_ids))  # (k, draft vocab)
-        return DraftProposal(token_ids, q, _SOURCES.get(response.source, ""))
+        return DraftProposal(token_ids, q, draft_source.from_proto(response.source))
 
     async def end_session(self, session_id: str) -> None:
         """Best effort: a replica we cannot reach drops the session by TTL or LRU anyway, and a
@@ -112,7 +119,11 @@ class DraftClient:
         if sent is None or sent.address not in self._channels:
             return
         try:
-            await self._channels[sent.address][1].EndSession(draft_pb2.EndSessionRequest(session_id=session_id), timeout=self.config.timeout_s, metadata=self._metadata)
+            await self._channels[sent.address][1].EndSession(
+                draft_pb2.EndSessionRequest(session_id=session_id),
+                timeout=self.config.timeout_s,
+                metadata=self._metadata,
+            )
         except grpc.aio.AioRpcError:
             pass
 
@@ -128,7 +139,14 @@ class DraftClient:
         await self.close()
 
     async def _propose(
-        self, address: str, session_id: str, tokens: list[int], committed: int, k: int, sampling: SamplingParams, model_k: int | None
+        self,
+        address: str,
+        session_id: str,
+        tokens: list[int],
+        committed: int,
+        k: int,
+        sampling: SamplingParams,
+        model_k: int | None,
     ) -> draft_pb2.ProposeResponse:
         request = draft_pb2.ProposeRequest(
             session_id=session_id,
@@ -137,7 +155,7 @@ class DraftClient:
             num_draft_tokens=k,
             sampling=_sampling_to_proto(sampling),
             probs_encoding=self.config.probs_encoding,
-            model_draft_tokens=None if model_k is None else min(model_k, k),
+            model_draft_tokens=None if model_k is None else model_draft_limit(k, model_k),
         )
         return await self._channels[address][1].Propose(request, timeout=self.config.timeout_s, metadata=self._metadata)
 
@@ -183,13 +201,17 @@ class DraftClient:
         )
         # The OpenTelemetry interceptor opens a client span per call and sends its context in the
         # metadata, so the draft server's span joins the round's trace.
-        channel = grpc.aio.insecure_channel(address, options=options, interceptors=aio_client_interceptors(filter_=filters.service_name(_DRAFT_SERVICE)))
+        channel = grpc.aio.insecure_channel(
+            address, options=options, interceptors=aio_client_interceptors(filter_=filters.service_name(_DRAFT_SERVICE))
+        )
         self._channels[address] = (channel, draft_pb2_grpc.DraftServiceStub(channel))
 
 
 def pick_replica(session_id: str, addresses: Sequence[str]) -> str:
     """Rendezvous (highest-random-weight) hashing: stable across processes, unlike hash()."""
-    return max(addresses, key=lambda address: hashlib.blake2b(f"{session_id}\0{address}".encode(), digest_size=8).digest())
+    return max(
+        addresses, key=lambda address: hashlib.blake2b(f"{session_id}\0{address}".encode(), digest_size=8).digest()
+    )
 
 
 def _join(host: str, port: int) -> str:

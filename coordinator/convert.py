@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from coordinator.engine import Delta, FinishReason, GenerationRequest
-from specdec.sampling import SamplingParams
+from specdec.coordinator.engine import Delta, FinishReason, GenerationRequest
+from specdec.core.sampling import SamplingParams
 from specdec.v1 import generation_pb2 as pb
 
 _FINISH = {

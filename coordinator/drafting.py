@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from coordinator.adaptive import LOOKUP_SOURCES
-from specdec.acceptance import DraftProposal
-from specdec.sampling import SamplingParams
+from specdec.core.acceptance import DraftProposal
+from specdec.core.draft_source import is_lookup, model_draft_limit
+from specdec.core.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,24 @@ class Drafts(NamedTuple):
 
 
 class DraftSide:
-    def __init__(self, proposer, session_id: str, sampling: SamplingParams, *, pipeline: bool, timeout_s: float, retry_s: float):
+    def __init__(
+        self,
+        proposer,
+        session_id: str,
+        sampling: SamplingParams,
+        *,
+        pipeline: bool,
+        timeout_s: float,
+        retry_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.proposer = proposer
         self.session_id = session_id
         self.sampling = sampling
         self.pipeline = pipeline
         self.timeout_s = timeout_s
         self.retry_s = retry_s
+        self.clock = clock  # seconds, for the retry delay
         self.failures = 0  # proposer errors and timeouts
         self.pipelined_hits = 0  # rounds whose drafts were ready when verification ended
         self._retry_at = 0.0
@@ -63,17 +74,31 @@ class DraftSide:
             # the model may draft this round, ask again, now with the model.
             if drafts.proposal.token_ids or drafts.fallback or ready[2] != 0 or model_k == 0:
                 self.pipelined_hits += 1
-                return _first(drafts, k, model_k)  # asked for more than this round drafts (adaptive k): a prefix is a draft too
+                return _first(
+                    drafts, k, model_k
+                )  # asked for more than this round drafts (adaptive k): a prefix is a draft too
         elif ready is not None:
             await _cancel(ready[3])
         return _first(await self._call(list(tokens), k, model_k), k, model_k)
 
-    def prefetch(self, tokens: Sequence[int], proposal: DraftProposal, guess: int | None, k_next: int, model_k_next: int | None = None) -> None:
+    def prefetch(
+        self,
+        tokens: Sequence[int],
+        proposal: DraftProposal,
+        guess: int | None,
+        k_next: int,
+        model_k_next: int | None = None,
+    ) -> None:
         """Start the next round's proposal as if every draft and the guessed bonus are accepted."""
         if not self.pipeline or guess is None or k_next <= 0:
             return
         context = list(tokens) + list(proposal.token_ids) + [guess]
-        self._next = (tuple(context), k_next, model_k_next, asyncio.create_task(self._call(context, k_next, model_k_next)))
+        self._next = (
+            tuple(context),
+            k_next,
+            model_k_next,
+            asyncio.create_task(self._call(context, k_next, model_k_next)),
+        )
 
     async def cancel_pipelined(self) -> None:
         if self._next is not None:
@@ -83,7 +108,7 @@ class DraftSide:
     async def _call(self, tokens: list[int], k: int, model_k: int | None) -> Drafts:
         """Everything the drafter proposes (one token more than k when pipelining: the guess);
         `_first` splits it into this round's drafts and the guess."""
-        if time.monotonic() < self._retry_at:
+        if self.clock() < self._retry_at:
             return Drafts(DraftProposal([]), None, fallback=True)
         extra = 1 if self.pipeline else 0
         # Only a real cap travels: a proposer written without model_k keeps working.
@@ -91,10 +116,12 @@ class DraftSide:
         # every token since its last round) in each pipelined call, beside the target's pass.
         cap = {} if model_k is None or model_k >= k else {"model_k": model_k + extra if model_k else 0}
         try:
-            proposal = await asyncio.wait_for(self.proposer.propose(self.session_id, tokens, k + extra, self.sampling, **cap), self.timeout_s)
+            proposal = await asyncio.wait_for(
+                self.proposer.propose(self.session_id, tokens, k + extra, self.sampling, **cap), self.timeout_s
+            )
         except Exception as error:  # the draft tier is down, slow or broken: decode without it
             self.failures += 1
-            self._retry_at = time.monotonic() + self.retry_s
+            self._retry_at = self.clock() + self.retry_s
             log.warning("draft tier unavailable (%s: %s); k = 0 for %.1f s", type(error).__name__, error, self.retry_s)
             return Drafts(DraftProposal([]), None, fallback=True)
         return Drafts(proposal, None)
@@ -104,12 +131,14 @@ def _first(drafts: Drafts, k: int, model_k: int | None = None) -> Drafts:
     """The first k drafts (model_k when a draft model answered), and the next one as the guess of
     the bonus token."""
     proposal = drafts.proposal
-    if model_k is not None and proposal.source not in LOOKUP_SOURCES:
-        k = min(k, model_k)
+    if not is_lookup(proposal.source):
+        k = model_draft_limit(k, model_k)
     ids, q = proposal.token_ids, proposal.draft_probs
     if len(ids) <= k:
         return drafts
-    return Drafts(DraftProposal(list(ids[:k]), q[:k] if q is not None else None, proposal.source), ids[k], drafts.fallback)
+    return Drafts(
+        DraftProposal(list(ids[:k]), q[:k] if q is not None else None, proposal.source), ids[k], drafts.fallback
+    )
 
 
 async def _cancel(task: asyncio.Task) -> None:

@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
@@ -22,14 +22,13 @@ from typing import Protocol
 from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
-from coordinator import observe
-from coordinator.adaptive import LOOKUP, MODEL, CostModel, Plan, SourcedAcceptance, plan, source_class
-from coordinator.drafting import DraftSide
-from coordinator.text import OutputText
-from specdec.acceptance import DraftProposal, Verification
-from specdec.errors import InvalidArgument
-from specdec.sampling import SamplingParams
-
+from specdec.coordinator import observe
+from specdec.coordinator.adaptive import CostModel, DraftLengthPolicy, RoundPlan
+from specdec.coordinator.drafting import Drafts, DraftSide
+from specdec.coordinator.text import OutputText
+from specdec.core.acceptance import DraftProposal, Verification
+from specdec.core.errors import InvalidArgument
+from specdec.core.sampling import SamplingParams
 
 # A prompt longer than this (characters) is tokenized off the event loop that serves every other
 # request: 1 MiB takes about a second on 2 cores, and the Rust tokenizer releases the GIL (measured).
@@ -40,15 +39,21 @@ log = logging.getLogger(__name__)
 
 
 class Proposer(Protocol):
-    async def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
-        """At most k draft tokens to follow `tokens` (the whole committed sequence)."""
+    async def propose(
+        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
+    ) -> DraftProposal:
+        """At most k draft tokens to follow `tokens` (the whole committed sequence), drawn under
+        `sampling`; a draft model among the proposer's drafters proposes at most `model_k` of
+        them (None: k; 0: lookups only). The proposal names its source (`DraftSource`)."""
 
     async def end_session(self, session_id: str) -> None:
         """Free what the proposer holds for the session; unknown ids are fine."""
 
 
 class Verifier(Protocol):
-    async def verify(self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams) -> Verification:
+    async def verify(
+        self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams
+    ) -> Verification:
         """Check `proposal` after `tokens` in one target pass; returns 1..k+1 tokens to commit."""
 
     async def end_session(self, session_id: str) -> None:
@@ -71,8 +76,10 @@ class EngineConfig:
     pipeline: bool = True  # request round r+1's drafts while round r is verified
     draft_timeout_s: float = 2.0  # a proposal later than this is dropped: that round runs with k = 0
     draft_retry_s: float = 1.0  # after a draft failure, rounds run with k = 0 this long
-    adaptive: bool = True  # each round's k from the request's acceptance and the measured costs (coordinator/adaptive.py)
-    probe_every: int = 8  # adaptive k at 0: still draft one token every this many rounds, to notice a change (below its limit: one more)
+    adaptive: bool = True  # each round's k from the request's acceptance and the measured costs (adaptive.py)
+    # Adaptive k at 0 still drafts one token every this many rounds, to notice a change; below its
+    # limit, one more than the best as often.
+    probe_every: int = 8
     # Load awareness: with more than this many requests generating, rounds run without drafts
     # (the target tier is saturated: a rejected draft costs another request's verify time). 0: never.
     speculation_max_running: int = 0
@@ -147,8 +154,17 @@ class Delta:
 
 
 class SpeculativeEngine:
-    def __init__(self, proposer: Proposer, verifier: Verifier, target: TargetInfo, config: EngineConfig = EngineConfig(), tracer: trace.Tracer | None = None):
+    def __init__(
+        self,
+        proposer: Proposer,
+        verifier: Verifier,
+        target: TargetInfo,
+        config: EngineConfig = EngineConfig(),
+        tracer: trace.Tracer | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.tracer = tracer or trace.get_tracer("specdec.coordinator")  # round spans
+        self.clock = clock  # seconds: round timings (the cost model's input) and the retry delay
         self.proposer = proposer
         self.verifier = verifier
         self.target = target
@@ -160,135 +176,76 @@ class SpeculativeEngine:
         self._ending: set[asyncio.Task] = set()  # draft sessions still ending after their request
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """Generate `request`, one Delta per round; the last one carries the finish reason, the
+        usage and the round statistics. Cancelling the iteration ends both tiers' sessions."""
         if len(request.prompt) > _TOKENIZE_IN_THREAD_CHARS:
             prompt, request = await asyncio.to_thread(self.prepare, request)
         else:
             prompt, request = self.prepare(request)
-        k_max = self._k_max(request)
-        session_id = uuid.uuid4().hex
-        tokens = list(prompt)
-        output = OutputText(self.target.tokenizer, self.target.eos_token_ids, request.stop)
-        stats = SpeculationStats()
-        cfg = self.config
-        drafts = DraftSide(self.proposer, session_id, request.sampling, pipeline=cfg.pipeline, timeout_s=cfg.draft_timeout_s, retry_s=cfg.draft_retry_s)
-
-        def k_for(length: int) -> int:
-            # Never draft past what may still be emitted: the verifier adds one token itself.
-            return min(k_max, request.max_new_tokens - (length - len(prompt)) - 1, self.target.max_context - length - 1)
-
-        acceptance = SourcedAcceptance()
-        fixed_k = not cfg.adaptive  # a sampled model draft fixes k: seeded outputs then depend on k only
-        # A draft model called after rounds it did not draft (the first one included) is also fed
-        # every token committed since (the whole prompt, the first time): that catch-up is not a
-        # drafted token's cost. Counted, it priced a 2-layer draft's token at 0.3-1 target steps
-        # instead of 0.12, and k = 0 stuck (no drafting, so no cheaper measurement).
-        model_drafted_last_round = False
-        since_probe = since_model_probe = since_probe_up = 0
-
-        def choose_k(cap: int) -> tuple[Plan, str]:
-            """This round's plan (k at most `cap`) and why: fixed, adaptive, probe or load."""
-            nonlocal since_probe, since_model_probe, since_probe_up
-            if cap <= 0 or fixed_k:
-                return Plan(max(cap, 0), None), "fixed"
-            if cfg.speculation_max_running and self.running > cfg.speculation_max_running:
-                return Plan(0, None), "load"
-            share = cfg.speculation_token_budget // max(self.running, 1) - 1 if cfg.speculation_token_budget > 0 else cap
-            if share <= 0:
-                return Plan(0, None), "load"
-            chosen = plan(acceptance, self.costs, min(cap, share), self.draft_sources)
-            since_probe = 0 if chosen.k > 0 else since_probe + 1
-            if chosen.k == 0 and since_probe >= cfg.probe_every:
-                since_probe = 0
-                return Plan(1, None), "probe"
-            # And one draft more than the best now and then: the next count's cost may have been
-            # measured once, in a stall, and a k that never goes there never measures it again.
-            limit = min(cap, share)
-            since_probe_up = since_probe_up + 1 if 0 < chosen.k < limit else 0
-            if since_probe_up >= cfg.probe_every:
-                since_probe_up = 0
-                return Plan(chosen.k + 1, chosen.model_k), "probe"
-            # A hybrid whose model is capped at 0 still asks it for one token now and then.
-            since_model_probe = since_model_probe + 1 if chosen.model_k == 0 else 0
-            if chosen.model_k == 0 and since_model_probe >= cfg.probe_every:
-                since_model_probe = 0
-                return Plan(chosen.k, 1), "probe"
-            # "load" when the load, not the request or its acceptance, set this k.
-            return chosen, "load" if share < cap and chosen.k == share else "adaptive"
-
-        started = time.perf_counter()
-        first_token_s = None
+        g = _Generation(self, request, prompt)
+        started, first_token_s = self.clock(), None
         self.running += 1
         try:
             while True:
-                generated = len(tokens) - len(prompt)
-                cap = k_for(len(tokens))
-                (k, model_k), why = choose_k(cap)
-                hits = drafts.pipelined_hits
-                with observe.round_span(self.tracer, stats.rounds, cap, why) as span:
-                    t0 = time.perf_counter()
-                    proposal, guess, fallback = await drafts.propose(tokens, k, model_k)
-                    if any(not 0 <= t < self.target.vocab_size for t in proposal.token_ids):
-                        # A draft tier serving another vocabulary (a misconfigured pair) must not
-                        # fail the target's batch, which other requests share: drop its drafts.
-                        log.warning("draft ids outside the target's vocabulary of %d: round without drafts", self.target.vocab_size)
-                        proposal, guess, fallback = DraftProposal([]), None, True
-                    t1 = time.perf_counter()
-                    verifying = asyncio.ensure_future(self.verifier.verify(session_id, tokens, proposal, request.sampling))
-                    # The next round's k is not known before this one is verified: ask for this
-                    # round's, or one if it drafted none (a prefix of a longer draft serves too).
-                    # A hybrid's pipelined call is a lookup only: its model, run during this round's
-                    # verify, competed with the target for the cores (a 2-core machine lost 5-18%
-                    # of the n-gram drafter's speed on free text) and its cost went unseen. Its
-                    # model drafts on demand, where the cost model sees what it costs.
-                    next_model_k = 0 if self.draft_sources == {LOOKUP, MODEL} else model_k
-                    drafts.prefetch(tokens, proposal, guess, min(max(k, 1), k_for(len(tokens) + len(proposal.token_ids) + 1)), next_model_k)
-                    result = await verifying
-                    t2 = time.perf_counter()
-                    room = min(request.max_new_tokens - generated, self.target.max_context - len(tokens))
-                    kept, text = output.add(result.accepted_ids[:room])
-                    observe.end_round(
-                        span, proposed=len(proposal.token_ids), accepted=result.num_accepted, committed=len(kept),
-                        fallback=fallback, pipelined=drafts.pipelined_hits > hits, draft_s=t1 - t0, verify_s=t2 - t1,
-                    )  # fmt: skip
-                stats.draft_wait_s += t1 - t0
-                stats.verify_wait_s += t2 - t1
-                if stats.rounds:  # the first round's verify includes the prompt's prefill: not a round's cost
-                    self.costs.observe_verify(len(proposal.token_ids) + 1, t2 - t1)
-                drafted = len(proposal.token_ids)
-                source = source_class(proposal.source)
-                answered = k > 0 and not fallback and (drafted > 0 or proposal.source != "")  # a model that declined answered too
-                if answered:
-                    self.draft_sources.add(source)
-                # A model that declined every draft it was allowed (its confidence stop) still ran:
-                # for planning that is one draft the target rejected (the tokens the shipped draft
-                # declines are right 13% of the time). Counted as nothing, a model-only engine
-                # asked it every round at alpha's prior, paid a model step each time and ran at
-                # 0.93x target-only on free text.
-                declined = int(answered and source == MODEL and drafted == 0 and model_k != 0)
-                if source == LOOKUP or model_drafted_last_round:  # lookups have no catch-up to exclude
-                    self.costs.observe_draft(drafted + declined, t1 - t0, source)
-                model_drafted_last_round = answered and source == MODEL
-                acceptance.observe(proposal.source, drafted + declined, result.num_accepted)
-                fixed_k |= not request.sampling.greedy and proposal.draft_probs is not None
-                stats.record(len(proposal.token_ids), result.num_accepted)
-                stats.pipelined_rounds, stats.draft_failures = drafts.pipelined_hits, drafts.failures
-                tokens.extend(kept)
+                kept, text = await self._round(g, g.policy.plan(g.draft_room(len(g.tokens)), self.running))
+                g.tokens.extend(kept)
                 if first_token_s is None and kept:
-                    first_token_s = time.perf_counter() - started
-                reason = self._finish_reason(output, len(tokens) - len(prompt), len(tokens), request)
+                    first_token_s = self.clock() - started
+                reason = self._finish_reason(g.output, g.generated, len(g.tokens), request)
                 if reason is None:
                     yield Delta(kept, text)
                     continue
-                if not output.stopped:
-                    text += output.finish()
-                stats.seconds = time.perf_counter() - started
-                observe.end_request(first_token_s, stats.seconds, len(tokens) - len(prompt))
-                yield Delta(kept, text, reason, len(prompt), stats)
+                if not g.output.stopped:
+                    text += g.output.finish()
+                g.stats.seconds = self.clock() - started
+                observe.end_request(first_token_s, g.stats.seconds, g.generated)
+                yield Delta(kept, text, reason, len(prompt), g.stats)
                 return
         finally:
             self.running -= 1
-            await drafts.cancel_pipelined()
-            await asyncio.gather(self._end_draft_session(session_id), self.verifier.end_session(session_id))
+            await g.drafts.cancel_pipelined()
+            await asyncio.gather(self._end_draft_session(g.session_id), self.verifier.end_session(g.session_id))
+
+    async def _round(self, g: _Generation, planned: RoundPlan) -> tuple[list[int], str]:
+        """One round: drafts, one verify pass (the next round's drafts asked for meanwhile),
+        commit. Returns the tokens kept (EOS, stop strings and the length limits applied) and
+        their text."""
+        with observe.round_span(self.tracer, g.stats.rounds, g.draft_room(len(g.tokens)), planned.why) as span:
+            hits = g.drafts.pipelined_hits
+            t0 = self.clock()
+            proposal, guess, fallback = self._in_vocabulary(
+                await g.drafts.propose(g.tokens, planned.k, planned.model_k)
+            )
+            t1 = self.clock()
+            verifying = asyncio.ensure_future(
+                self.verifier.verify(g.session_id, g.tokens, proposal, g.request.sampling)
+            )
+            # The next round's k is not known before this one is verified: ask for this round's,
+            # or one if it drafted none (a prefix of a longer draft serves too).
+            next_room = g.draft_room(len(g.tokens) + len(proposal.token_ids) + 1)
+            next_model_k = g.policy.pipelined_model_k(planned.model_k)
+            g.drafts.prefetch(g.tokens, proposal, guess, min(max(planned.k, 1), next_room), next_model_k)
+            result = await verifying
+            t2 = self.clock()
+            kept, text = g.output.add(result.accepted_ids[: g.room()])
+            observe.end_round(
+                span, proposed=len(proposal.token_ids), accepted=result.num_accepted, committed=len(kept),
+                fallback=fallback, pipelined=g.drafts.pipelined_hits > hits, draft_s=t1 - t0, verify_s=t2 - t1,
+            )  # fmt: skip
+        g.policy.observe(planned, proposal, fallback, result.num_accepted, draft_s=t1 - t0, verify_s=t2 - t1)
+        g.stats.record(len(proposal.token_ids), result.num_accepted)
+        g.stats.draft_wait_s += t1 - t0
+        g.stats.verify_wait_s += t2 - t1
+        g.stats.pipelined_rounds, g.stats.draft_failures = g.drafts.pipelined_hits, g.drafts.failures
+        return kept, text
+
+    def _in_vocabulary(self, drafts: Drafts) -> Drafts:
+        """A draft tier serving another vocabulary (a misconfigured pair) must not fail the
+        target's batch, which other requests share: its drafts are dropped for the round."""
+        if all(0 <= t < self.target.vocab_size for t in drafts.proposal.token_ids):
+            return drafts
+        log.warning("draft ids outside the target's vocabulary of %d: round without drafts", self.target.vocab_size)
+        return Drafts(DraftProposal([]), None, fallback=True)
 
     async def generate(self, request: GenerationRequest) -> Delta:
         """The whole output as one Delta (tokens, text, finish reason, usage, statistics)."""
@@ -321,12 +278,17 @@ class SpeculativeEngine:
             # Refused before tokenizing, which takes seconds per MiB: no token covers more
             # characters than its own entry in the vocabulary, so a longer text cannot fit.
             if len(request.prompt) > max_context and len(request.prompt) > max_context * self._longest():
-                raise InvalidArgument("prompt", f"has {len(request.prompt)} characters, more than the model's context of {max_context} tokens can hold")
+                chars = len(request.prompt)
+                raise InvalidArgument(
+                    "prompt", f"has {chars} characters, more than the model's context of {max_context} tokens can hold"
+                )
             prompt = self.target.tokenizer(request.prompt)["input_ids"]
         else:
             prompt = list(request.prompt_token_ids)
             if max_context <= len(prompt):
-                raise InvalidArgument("prompt", f"has {len(prompt)} tokens; the model's context is {max_context}")  # before scanning millions of ids
+                raise InvalidArgument(
+                    "prompt", f"has {len(prompt)} tokens; the model's context is {max_context}"
+                )  # before scanning millions of ids
             bad = [t for t in prompt if not 0 <= t < self.target.vocab_size]
             if bad:
                 raise InvalidArgument("prompt_token_ids", f"token id {bad[0]} is outside [0, {self.target.vocab_size})")
@@ -336,7 +298,9 @@ class SpeculativeEngine:
             raise InvalidArgument("prompt", f"has {len(prompt)} tokens; the model's context is {max_context}")
         room = self.target.max_context - len(prompt)
         if not isinstance(request.max_new_tokens, int) or not 1 <= request.max_new_tokens <= room:
-            raise InvalidArgument("max_new_tokens", f"must be in [1, {room}] for this prompt, got {request.max_new_tokens!r}")
+            raise InvalidArgument(
+                "max_new_tokens", f"must be in [1, {room}] for this prompt, got {request.max_new_tokens!r}"
+            )
         request.sampling.validate()
         if any(not isinstance(s, str) for s in request.stop):
             raise InvalidArgument("stop", "must be strings")
@@ -344,7 +308,10 @@ class SpeculativeEngine:
             raise InvalidArgument("stop", f"at most {self.config.max_stop_strings} strings, got {len(request.stop)}")
         if (longest := max(map(len, request.stop), default=0)) > self.config.max_stop_chars:
             raise InvalidArgument("stop", f"each at most {self.config.max_stop_chars} characters, got {longest}")
-        if not isinstance(request.max_draft_tokens, int) or not 0 <= request.max_draft_tokens <= self.config.max_draft_tokens:
+        if (
+            not isinstance(request.max_draft_tokens, int)
+            or not 0 <= request.max_draft_tokens <= self.config.max_draft_tokens
+        ):
             raise InvalidArgument(
                 "speculation.max_draft_tokens",
                 f"must be in [0, {self.config.max_draft_tokens}], got {request.max_draft_tokens!r}",
@@ -358,17 +325,49 @@ class SpeculativeEngine:
             self._longest_token = max(map(len, self.target.tokenizer.get_vocab()), default=1)
         return self._longest_token
 
-    def _k_max(self, request: GenerationRequest) -> int:
-        if not request.speculate:
-            return 0
-        return request.max_draft_tokens or self.config.default_draft_tokens
-
-    def _finish_reason(self, output: OutputText, generated: int, length: int, request: GenerationRequest) -> FinishReason | None:
+    def _finish_reason(
+        self, output: OutputText, generated: int, length: int, request: GenerationRequest
+    ) -> FinishReason | None:
         if output.stopped:
             return FinishReason.STOP
         if generated >= request.max_new_tokens or length >= self.target.max_context:
             return FinishReason.LENGTH
         return None
+
+
+class _Generation:
+    """One request's state across its rounds. `tokens` (prompt + committed output) is the only
+    authoritative copy: both tiers' caches are derived from it."""
+
+    def __init__(self, engine: SpeculativeEngine, request: GenerationRequest, prompt: list[int]):
+        cfg = engine.config
+        self.request = request
+        self.prompt_len = len(prompt)
+        self.tokens = list(prompt)
+        self.max_context = engine.target.max_context
+        self.k_max = (request.max_draft_tokens or cfg.default_draft_tokens) if request.speculate else 0
+        self.session_id = uuid.uuid4().hex
+        self.output = OutputText(engine.target.tokenizer, engine.target.eos_token_ids, request.stop)
+        self.stats = SpeculationStats()
+        self.policy = DraftLengthPolicy(cfg, engine.costs, engine.draft_sources, greedy=request.sampling.greedy)
+        self.drafts = DraftSide(
+            engine.proposer, self.session_id, request.sampling, pipeline=cfg.pipeline,
+            timeout_s=cfg.draft_timeout_s, retry_s=cfg.draft_retry_s, clock=engine.clock,
+        )  # fmt: skip
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    def room(self) -> int:
+        """Tokens that may still be committed."""
+        return min(self.request.max_new_tokens - self.generated, self.max_context - len(self.tokens))
+
+    def draft_room(self, length: int) -> int:
+        """The most drafts after `length` tokens: never past what may still be emitted (the
+        verifier adds one token of its own)."""
+        generated = length - self.prompt_len
+        return min(self.k_max, self.request.max_new_tokens - generated - 1, self.max_context - length - 1)
 
 
 def _settled(pending: set[asyncio.Task]):

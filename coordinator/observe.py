@@ -7,16 +7,30 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
-from coordinator import metrics
+from specdec.coordinator import metrics
+
 
 def round_span(tracer: trace.Tracer, index: int, k_max: int, why: str):
     """The span of round `index`, current while its drafts are fetched and verified; `why` says
     how k was chosen (fixed, adaptive, probe, or load: speculation off under load)."""
     metrics.K_CHOICES.labels(why).inc()
-    return tracer.start_as_current_span("specdec.round", attributes={"specdec.round.index": index, "specdec.round.k_max": k_max, "specdec.round.k_policy": why})
+    return tracer.start_as_current_span(
+        "specdec.round",
+        attributes={"specdec.round.index": index, "specdec.round.k_max": k_max, "specdec.round.k_policy": why},
+    )
 
 
-def end_round(span: trace.Span, *, proposed: int, accepted: int, committed: int, fallback: bool, pipelined: bool, draft_s: float, verify_s: float) -> None:
+def end_round(
+    span: trace.Span,
+    *,
+    proposed: int,
+    accepted: int,
+    committed: int,
+    fallback: bool,
+    pipelined: bool,
+    draft_s: float,
+    verify_s: float,
+) -> None:
     bonus = proposed > 0 and accepted == proposed  # every draft accepted: the target's token is a free extra
     span.set_attributes(
         {

@@ -26,20 +26,20 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf import descriptor, empty_pb2, message_factory, unknown_fields
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
-from google.protobuf import descriptor, empty_pb2, message_factory, unknown_fields
-from google.protobuf.message import DecodeError
 from opentelemetry import trace
 
-from coordinator.convert import request_from_proto, response_to_proto
-from coordinator import metrics
-from coordinator.engine import Delta, SpeculationStats, SpeculativeEngine
-from specdec.errors import InvalidArgument
+from specdec.coordinator import metrics
+from specdec.coordinator.convert import request_from_proto, response_to_proto
+from specdec.coordinator.engine import Delta, SpeculationStats, SpeculativeEngine
+from specdec.core.errors import InvalidArgument
+from specdec.target_service.pool import TargetUnavailable
 from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
-from target_service.pool import TargetUnavailable
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 log = logging.getLogger(__name__)
@@ -124,7 +124,13 @@ class _Call:
         if self.capture:
             attributes.update({"gen_ai.prompt": self.prompt, "gen_ai.completion": "".join(self.completion)})
         if self.stats is not None:
-            attributes.update({"specdec.rounds": self.stats.rounds, "specdec.draft_tokens": self.stats.draft_tokens, "specdec.accepted_tokens": self.stats.accepted_tokens})
+            attributes.update(
+                {
+                    "specdec.rounds": self.stats.rounds,
+                    "specdec.draft_tokens": self.stats.draft_tokens,
+                    "specdec.accepted_tokens": self.stats.accepted_tokens,
+                }
+            )
         return attributes
 
     def log_line(self, method: str) -> str:
@@ -178,12 +184,17 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
         await self._run(request, "GenerateStream", context, send)
 
-    async def _run(self, request, method: str, context: grpc.aio.ServicerContext, on_delta: Callable[[Delta, str], Awaitable[None]]) -> None:
+    async def _run(
+        self, request, method: str, context: grpc.aio.ServicerContext, on_delta: Callable[[Delta, str], Awaitable[None]]
+    ) -> None:
         """Feed the engine's deltas for one call to `on_delta`, under admission, a server span and
         the call's deadline; every failure leaves as a status."""
         if self.stats.in_flight >= self.max_inflight:
             metrics.REQUESTS.labels("", grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.stats.in_flight} requests in flight (max_inflight {self.max_inflight}); retry later")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.stats.in_flight} requests in flight (max_inflight {self.max_inflight}); retry later",
+            )
         self.stats.in_flight += 1
         metrics.REQUESTS_RUNNING.inc()
         call = _Call(started=time.perf_counter(), capture=capture_content())
@@ -199,10 +210,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             "gen_ai.request.temperature": request.sampling.temperature,
         }
         try:
-            with self.tracer.start_as_current_span(f"{SERVICE_NAME}/{method}", kind=trace.SpanKind.SERVER, attributes=attributes) as span:
+            with self.tracer.start_as_current_span(
+                f"{SERVICE_NAME}/{method}", kind=trace.SpanKind.SERVER, attributes=attributes
+            ) as span:
                 call.trace_id = _trace_id(span)
                 try:
-                    await _bounded(asyncio.create_task(self._consume(request, on_delta, call)), context.time_remaining())
+                    await _bounded(
+                        asyncio.create_task(self._consume(request, on_delta, call)), context.time_remaining()
+                    )
                     call.code = grpc.StatusCode.OK
                 except _CallEnded:
                     call.code = grpc.StatusCode.CANCELLED
@@ -298,9 +313,12 @@ def _add_generation_service(servicer: GenerationServicer, server: grpc.aio.Serve
     <class '...DecodeError'>: ... String field had bad UTF-8" from grpc.aio (measured),
     which names no field."""
     handlers = {
-        "Generate": grpc.unary_unary_rpc_method_handler(_parsing(servicer.Generate, pb.GenerateRequest), response_serializer=pb.GenerateResponse.SerializeToString),
+        "Generate": grpc.unary_unary_rpc_method_handler(
+            _parsing(servicer.Generate, pb.GenerateRequest), response_serializer=pb.GenerateResponse.SerializeToString
+        ),
         "GenerateStream": grpc.unary_stream_rpc_method_handler(
-            _parsing(servicer.GenerateStream, pb.GenerateStreamRequest), response_serializer=pb.GenerateStreamResponse.SerializeToString
+            _parsing(servicer.GenerateStream, pb.GenerateStreamRequest),
+            response_serializer=pb.GenerateStreamResponse.SerializeToString,
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
@@ -315,7 +333,10 @@ def _parsing(method, message_type):
             request = message_type.FromString(raw)
         except DecodeError:
             metrics.REQUESTS.labels("", grpc.StatusCode.INVALID_ARGUMENT.name).inc()
-            problem = _why_unparsable(message_type.DESCRIPTOR, raw) or f"request: is not a serialized {message_type.DESCRIPTOR.full_name}"
+            problem = (
+                _why_unparsable(message_type.DESCRIPTOR, raw)
+                or f"request: is not a serialized {message_type.DESCRIPTOR.full_name}"
+            )
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         return await method(request, context)
 
@@ -345,7 +366,10 @@ def _why_unparsable(message: descriptor.Descriptor, raw: bytes, prefix: str = ""
             try:
                 message_factory.GetMessageClass(field.message_type).FromString(unknown.data)
             except DecodeError:
-                return _why_unparsable(field.message_type, unknown.data, name + ".") or f"{name}: is not a serialized {field.message_type.full_name}"
+                return (
+                    _why_unparsable(field.message_type, unknown.data, name + ".")
+                    or f"{name}: is not a serialized {field.message_type.full_name}"
+                )
     return None
 
 
@@ -357,7 +381,9 @@ def _trace_id(span: trace.Span) -> str:
 class GenerationServer:
     """GenerationService, health and reflection on one port: `start`, then `stop`."""
 
-    def __init__(self, engine: SpeculativeEngine, config: ServerConfig = ServerConfig(), tracer: trace.Tracer | None = None):
+    def __init__(
+        self, engine: SpeculativeEngine, config: ServerConfig = ServerConfig(), tracer: trace.Tracer | None = None
+    ):
         self.config = config
         self.servicer = GenerationServicer(engine, config.max_inflight, tracer)
         self.health = health_aio.HealthServicer()

@@ -12,10 +12,9 @@ import os
 import sys
 from collections.abc import Mapping
 
-from draft_service.server import ServerConfig, serve
-from draft_service.service import DraftConfig
-
-from specdec import flag_types
+from specdec.core import flag_types
+from specdec.draft_service.server import ServerConfig, serve
+from specdec.draft_service.service import DraftConfig
 
 ENV_PREFIX = "SPECDEC_DRAFT_"
 
@@ -31,22 +30,66 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     def flag(name: str, default, type, help: str) -> None:
         env = ENV_PREFIX + name.upper().replace("-", "_")
         # argparse runs `type` on string defaults, so an environment value is checked like a flag.
-        p.add_argument(f"--{name}", default=environ.get(env, default), type=type, help=f"{help} [env {env}; default {default}]")
+        p.add_argument(
+            f"--{name}", default=environ.get(env, default), type=type, help=f"{help} [env {env}; default {default}]"
+        )
 
-    flag("draft-model", server.draft_model, str, "local dir, .gguf file, hub id, 'ngram' (prompt lookup, no model), or 'hybrid:<model>' (prompt lookup where the context repeats, the model elsewhere)")
+    flag(
+        "draft-model",
+        server.draft_model,
+        str,
+        "local dir, .gguf file, hub id, 'ngram' (prompt lookup, no model), or 'hybrid:<model>' (prompt lookup where the context repeats, the model elsewhere)",
+    )
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
-    flag("metrics-port", server.metrics_port, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one")
-    flag("max-sessions", defaults.max_sessions, flag_types.positive_int, "sessions kept per replica (least recently used evicted beyond)")
-    flag("max-cached-tokens", defaults.max_cached_tokens, flag_types.positive_int, "token positions kept over all sessions (LRU beyond)")
-    flag("session-ttl", defaults.session_ttl_s, flag_types.seconds, "seconds an idle session is kept; 0 keeps it until LRU evicts it")
+    flag(
+        "metrics-port", server.metrics_port, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one"
+    )
+    flag(
+        "max-sessions",
+        defaults.max_sessions,
+        flag_types.positive_int,
+        "sessions kept per replica (least recently used evicted beyond)",
+    )
+    flag(
+        "max-cached-tokens",
+        defaults.max_cached_tokens,
+        flag_types.positive_int,
+        "token positions kept over all sessions (LRU beyond)",
+    )
+    flag(
+        "session-ttl",
+        defaults.session_ttl_s,
+        flag_types.seconds,
+        "seconds an idle session is kept; 0 keeps it until LRU evicts it",
+    )
     flag("max-batch", defaults.max_batch, flag_types.positive_int, "most Propose calls one batched model step serves")
-    flag("max-queue", defaults.max_queue, flag_types.positive_int, "calls waiting for the model beyond this get RESOURCE_EXHAUSTED")
+    flag(
+        "max-queue",
+        defaults.max_queue,
+        flag_types.positive_int,
+        "calls waiting for the model beyond this get RESOURCE_EXHAUSTED",
+    )
     flag("max-draft-tokens", defaults.max_draft_tokens, flag_types.positive_int, "largest k a call may ask for")
-    flag("min-confidence", "auto", flag_types.probability_or_auto, "greedy model drafts stop before a token the draft gives less probability than this; 0 = off, auto = the draft's own (a distilled draft's draft.json), else off")
+    flag(
+        "min-confidence",
+        "auto",
+        flag_types.probability_or_auto,
+        "greedy model drafts stop before a token the draft gives less probability than this; 0 = off, auto = the draft's own (a distilled draft's draft.json), else off",
+    )
     flag("grace", server.grace_s, flag_types.seconds, "seconds in-flight calls get to finish after SIGTERM")
-    flag("drain-delay", server.drain_delay_s, flag_types.seconds, "seconds to report NOT_SERVING before refusing calls after SIGTERM")
-    flag("auth-token", None, str, "calls but health checks must carry 'authorization: Bearer <token>' (prefer the env variable: flags show in ps)")
+    flag(
+        "drain-delay",
+        server.drain_delay_s,
+        flag_types.seconds,
+        "seconds to report NOT_SERVING before refusing calls after SIGTERM",
+    )
+    flag(
+        "auth-token",
+        None,
+        str,
+        "calls but health checks must carry 'authorization: Bearer <token>' (prefer the env variable: flags show in ps)",
+    )
     return p
 
 
@@ -74,7 +117,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Se
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(sys.argv[1:] if argv is None else argv)
-    from specdec.telemetry import configure_tracing
+    from specdec.telemetry.tracing import configure_tracing
 
     configure_tracing("specdec-draft")
 

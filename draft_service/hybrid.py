@@ -24,10 +24,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from draft_service.model_drafter import ModelDrafter, ProposeItem
-from draft_service.ngram import NgramConfig, NgramDrafter
-from specdec.acceptance import DraftProposal
-from specdec.sampling import SamplingParams
+from specdec.core.acceptance import DraftProposal
+from specdec.core.draft_source import model_draft_limit
+from specdec.core.sampling import SamplingParams
+from specdec.draft_service.model_drafter import ModelDrafter, ProposeItem
+from specdec.draft_service.ngram import NgramConfig, NgramDrafter
 
 PREFIX = "hybrid:"  # --draft-model hybrid:SPEC serves SPEC with n-gram rounds where they match
 
@@ -40,7 +41,7 @@ class HybridConfig:
 
 def model_k(item: ProposeItem) -> int:
     """The tokens the model may draft for `item`: its k, capped by its model_k when set."""
-    return item.k if item.model_k is None else min(item.k, item.model_k)
+    return model_draft_limit(item.k, item.model_k)
 
 
 def parse_spec(spec: str) -> str | None:
@@ -57,7 +58,9 @@ class HybridDrafter:
         self.model = model
         self.config = config
         self.ngram = NgramDrafter(NgramConfig(max_ngram=config.max_match, min_ngram=config.min_match))
-        self.short = NgramDrafter(NgramConfig(max_ngram=config.min_match - 1, min_ngram=1)) if config.min_match > 1 else None
+        self.short = (
+            NgramDrafter(NgramConfig(max_ngram=config.min_match - 1, min_ngram=1)) if config.min_match > 1 else None
+        )
         self.ngram_rounds = 0  # rounds answered by a match of at least min_match tokens
         self.short_rounds = 0  # rounds answered by a shorter match
         self.model_rounds = 0  # rounds without any match: the model's (unless capped at 0 or it declined)
@@ -75,7 +78,9 @@ class HybridDrafter:
         self.model_rounds += 1
         return None
 
-    def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None) -> DraftProposal:
+    def propose(
+        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
+    ) -> DraftProposal:
         return self.propose_batch([ProposeItem(session_id, tokens, k, sampling, model_k)])[0]
 
     def propose_batch(self, items: Sequence[ProposeItem]) -> list[DraftProposal]:
@@ -83,7 +88,11 @@ class HybridDrafter:
         its item's model_k: at 0 the model is skipped and the round has no draft)."""
         proposals = [self.choose(item.tokens, item.k) for item in items]
         asked = [i for i, p in enumerate(proposals) if p is None and model_k(items[i]) > 0]
-        drafted = self.model.propose_batch([replace(items[i], k=model_k(items[i]), model_k=None) for i in asked]) if asked else []
+        drafted = (
+            self.model.propose_batch([replace(items[i], k=model_k(items[i]), model_k=None) for i in asked])
+            if asked
+            else []
+        )
         for i, proposal in zip(asked, drafted):
             proposals[i] = proposal
         return [p if p is not None else DraftProposal([], source="model") for p in proposals]

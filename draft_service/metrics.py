@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from specdec.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
+from specdec.telemetry.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
 PROPOSE_CALLS = Counter("specdec:draft_propose_calls", "Propose calls answered, by gRPC status code", ["code"])
-PROPOSE_LATENCY = Histogram("specdec:draft_propose_latency_seconds", "Propose calls, arrival to answer (successful calls)", buckets=LATENCY_BUCKETS)
+PROPOSE_LATENCY = Histogram(
+    "specdec:draft_propose_latency_seconds",
+    "Propose calls, arrival to answer (successful calls)",
+    buckets=LATENCY_BUCKETS,
+)
 DRAFT_TOKENS = Counter("specdec:draft_tokens", "Draft tokens proposed")
 # A hybrid drafter's per-round choice: ngram (a long match), ngram_short (a shorter match) or
 # model (no match at all); an n-gram-only replica counts every round as ngram.
 DRAFT_ROUNDS = Counter("specdec:draft_rounds", "Propose calls answered, by the drafter that answered", ["source"])
-BATCH_SIZE = Histogram("specdec:draft_batch_size", "Calls served by one batched draft-model step", buckets=BATCH_BUCKETS)
+BATCH_SIZE = Histogram(
+    "specdec:draft_batch_size", "Calls served by one batched draft-model step", buckets=BATCH_BUCKETS
+)
 QUEUE_DEPTH = Gauge("specdec:draft_queue_depth", "Calls waiting for the draft model")
 SESSIONS = Gauge("specdec:draft_sessions", "Sessions held by this replica")
-CACHE_TOKENS = Gauge("specdec:draft_cache_tokens", "Token positions held over all sessions (the bound is max_cached_tokens)")
+CACHE_TOKENS = Gauge(
+    "specdec:draft_cache_tokens", "Token positions held over all sessions (the bound is max_cached_tokens)"
+)

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec import rng
-from specdec.acceptance import DraftProposal
-from specdec.batching import batched_forward
-from specdec.kv_cache import SequenceCache, resume
-from specdec.models import LoadedModel
-from specdec.pruned_draft import warp_pruned
-from specdec.rng import Stream
-from specdec.sampling import SamplingParams, warp
+from specdec.core import rng
+from specdec.core.acceptance import DraftProposal
+from specdec.core.rng import Stream
+from specdec.core.sampling import SamplingParams, warp
+from specdec.drafts.pruned_draft import warp_pruned
+from specdec.runtime.batching import batched_forward
+from specdec.runtime.kv_cache import SequenceCache, resume
+from specdec.runtime.models import LoadedModel
 
 
 @dataclass
@@ -43,7 +43,12 @@ class ProposeItem:
 
 
 class ModelDrafter:
-    def __init__(self, loaded: LoadedModel, sessions: MutableMapping[str, SequenceCache] | None = None, min_confidence: float | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        sessions: MutableMapping[str, SequenceCache] | None = None,
+        min_confidence: float | None = None,
+    ):
         if min_confidence is None:  # the draft's own (draft.json of a distilled draft), else off
             min_confidence = loaded.min_confidence
         if not 0.0 <= min_confidence < 1.0:
@@ -85,7 +90,11 @@ class ModelDrafter:
                         unsure.add(i)  # this token and any after it stay undrafted
                         continue
                 else:
-                    q = warp(row[-1], item.sampling) if self._vocab_ids is None else warp_pruned(row[-1], item.sampling, self._vocab_ids)  # (vocab,)
+                    q = (
+                        warp(row[-1], item.sampling)
+                        if self._vocab_ids is None
+                        else warp_pruned(row[-1], item.sampling, self._vocab_ids)
+                    )  # (vocab,)
                     token = rng.sample(q, item.sampling.seed, len(item.tokens) + step, Stream.DRAFT)
                     rows[i].append(q)
                 proposals[i].token_ids.append(token)

@@ -19,24 +19,31 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
-from draft_service import metrics
-from draft_service.service import DeadlineExpired, DraftConfig, DraftCore, Overloaded, ProposeCall, ProposeResult, SessionMiss
-from specdec.errors import InvalidArgument
-from specdec.metrics import MetricsServer
-from specdec.packing import pack_probs
-from specdec.sampling import SamplingParams
+from specdec.core import draft_source
+from specdec.core.errors import InvalidArgument
+from specdec.core.packing import pack_probs
+from specdec.core.sampling import SamplingParams
+from specdec.draft_service import metrics
+from specdec.draft_service.service import (
+    DeadlineExpired,
+    DraftConfig,
+    DraftCore,
+    Overloaded,
+    ProposeCall,
+    ProposeResult,
+    SessionMiss,
+)
+from specdec.telemetry.metrics import MetricsServer
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 SESSION_MISS = "session miss"  # prefix of the FAILED_PRECONDITION message; clients match on it
 _KNOWN_ENCODINGS = frozenset(common_pb2.DraftProbsEncoding.values())
-# DraftProposal.source -> ProposeResponse.source
-_SOURCES = {"ngram": draft_pb2.DRAFT_SOURCE_NGRAM, "model": draft_pb2.DRAFT_SOURCE_MODEL, "ngram_short": draft_pb2.DRAFT_SOURCE_NGRAM_SHORT}
 # Packing a dense Gemma-vocabulary q (1 MiB per row) takes milliseconds: off the event loop.
 _PACK_IN_THREAD_ELEMENTS = 1 << 16
 _HEALTH_METHODS = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/"
@@ -76,7 +83,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self.core = core  # None while the model loads
         self.draining = False
 
-    async def Propose(self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext) -> draft_pb2.ProposeResponse:
+    async def Propose(
+        self, request: draft_pb2.ProposeRequest, context: grpc.aio.ServicerContext
+    ) -> draft_pb2.ProposeResponse:
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN  # until the call ends one way or another
         try:
@@ -110,14 +119,15 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         finally:
             metrics.PROPOSE_CALLS.labels(code.name).inc()
 
-    async def EndSession(self, request: draft_pb2.EndSessionRequest, context: grpc.aio.ServicerContext) -> draft_pb2.EndSessionResponse:
+    async def EndSession(
+        self, request: draft_pb2.EndSessionRequest, context: grpc.aio.ServicerContext
+    ) -> draft_pb2.EndSessionResponse:
         if self.core is not None:
             try:
                 self.core.end_session(request.session_id)
             except InvalidArgument as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return draft_pb2.EndSessionResponse()
-
 
 
 def _call_from_proto(request: draft_pb2.ProposeRequest, timeout_s: float | None) -> ProposeCall:
@@ -131,11 +141,23 @@ def _call_from_proto(request: draft_pb2.ProposeRequest, timeout_s: float | None)
         seed=s.seed if s.HasField("seed") else None,
     )
     model_k = request.model_draft_tokens if request.HasField("model_draft_tokens") else None
-    return ProposeCall(request.session_id, request.committed_len, list(request.new_tokens), request.num_draft_tokens, sampling, timeout_s, model_k)
+    return ProposeCall(
+        request.session_id,
+        request.committed_len,
+        list(request.new_tokens),
+        request.num_draft_tokens,
+        sampling,
+        timeout_s,
+        model_k,
+    )
 
 
 async def _response_to_proto(result: ProposeResult, encoding: int) -> draft_pb2.ProposeResponse:
-    response = draft_pb2.ProposeResponse(token_ids=result.proposal.token_ids, cached_len=result.cached_len, source=_SOURCES.get(result.proposal.source, 0))
+    response = draft_pb2.ProposeResponse(
+        token_ids=result.proposal.token_ids,
+        cached_len=result.cached_len,
+        source=draft_source.to_proto(result.proposal.source),
+    )
     q = result.proposal.draft_probs  # (k, vocab), only when sampling with the model drafter
     if q is not None:
         # fp16 would round q, and the tokens were drawn from the unrounded q: the verifier must
@@ -194,7 +216,10 @@ class DraftServer:
         self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self.server,
+        )
         self._initial_core = core
         self.port = 0
 
@@ -238,15 +263,19 @@ class DraftServer:
 def load_core(config: ServerConfig) -> DraftCore:
     if config.draft_model == "ngram":
         return DraftCore(None, config.draft)
-    from draft_service.hybrid import HybridConfig, parse_spec
-    from specdec.models import load_model
+    from specdec.draft_service.hybrid import HybridConfig, parse_spec
+    from specdec.drafts.loading import load_model
 
     inner = parse_spec(config.draft_model)  # "hybrid:SPEC": n-gram rounds where the context repeats
     # CPU only for now: batched_forward and the keyed sampler build their tensors on the CPU.
-    return DraftCore(load_model(inner or config.draft_model), config.draft, hybrid=None if inner is None else HybridConfig())
+    return DraftCore(
+        load_model(inner or config.draft_model), config.draft, hybrid=None if inner is None else HybridConfig()
+    )
 
 
-async def serve(config: ServerConfig, on_listening: Callable[[int, int], None] = lambda port, metrics_port: None) -> None:
+async def serve(
+    config: ServerConfig, on_listening: Callable[[int, int], None] = lambda port, metrics_port: None
+) -> None:
     """Serve until SIGTERM or SIGINT, then drain: NOT_SERVING, `drain_delay_s`, finish in-flight calls."""
     metrics_server = MetricsServer(config.host, config.metrics_port)
     server = DraftServer(auth_token=config.auth_token)

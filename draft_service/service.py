@@ -26,18 +26,19 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from draft_service import metrics
-from draft_service.ngram import NgramDrafter
-from specdec.acceptance import DraftProposal
-from specdec.errors import InvalidArgument
-from specdec.sampling import SamplingParams
-from specdec.session_store import SessionStore
+from specdec.core.acceptance import DraftProposal
+from specdec.core.draft_source import model_draft_limit
+from specdec.core.errors import InvalidArgument
+from specdec.core.sampling import SamplingParams
+from specdec.core.session_store import SessionStore
+from specdec.draft_service import metrics
+from specdec.draft_service.ngram import NgramDrafter
 
 if TYPE_CHECKING:  # transformers takes seconds to import; an n-gram replica never needs it
-    from draft_service.hybrid import HybridConfig, HybridDrafter
-    from draft_service.model_drafter import ModelDrafter, ProposeItem
-    from specdec.kv_cache import SequenceCache
-    from specdec.models import LoadedModel
+    from specdec.draft_service.hybrid import HybridConfig, HybridDrafter
+    from specdec.draft_service.model_drafter import ModelDrafter, ProposeItem
+    from specdec.runtime.kv_cache import SequenceCache
+    from specdec.runtime.models import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -138,11 +139,11 @@ class DraftCore:
         if loaded is None:
             self.ngram = NgramDrafter()
         else:
-            from draft_service.model_drafter import ModelDrafter
+            from specdec.draft_service.model_drafter import ModelDrafter
 
             self.model = ModelDrafter(loaded, sessions=_CacheView(self.store), min_confidence=config.min_confidence)
             if hybrid is not None:
-                from draft_service.hybrid import HybridDrafter
+                from specdec.draft_service.hybrid import HybridDrafter
 
                 self.hybrid = HybridDrafter(self.model, hybrid)
         self.vocab_size = None if loaded is None else loaded.vocab_size
@@ -170,7 +171,7 @@ class DraftCore:
         else:
             # Never draft past the draft model's context; fewer tokens is a valid proposal.
             k = min(call.k, self.max_context - len(context))
-            model_k = k if call.model_k is None else min(k, call.model_k)
+            model_k = model_draft_limit(k, call.model_k)
             # A hybrid's lookup rounds are answered inline: they need no model, so no queue.
             looked_up = self.hybrid.choose(context, k) if self.hybrid is not None else None
             if looked_up is not None:
@@ -189,7 +190,7 @@ class DraftCore:
 
     @staticmethod
     def _item(session_id: str, context: list[int], k: int, sampling: SamplingParams) -> ProposeItem:
-        from draft_service.model_drafter import ProposeItem
+        from specdec.draft_service.model_drafter import ProposeItem
 
         return ProposeItem(session_id, context, k, sampling)
 
@@ -200,7 +201,9 @@ class DraftCore:
         if not 1 <= call.k <= self.config.max_draft_tokens:
             raise InvalidArgument("num_draft_tokens", f"must be in [1, {self.config.max_draft_tokens}], got {call.k}")
         if call.model_k is not None and not 0 <= call.model_k <= call.k:
-            raise InvalidArgument("model_draft_tokens", f"must be in [0, num_draft_tokens = {call.k}], got {call.model_k}")
+            raise InvalidArgument(
+                "model_draft_tokens", f"must be in [0, num_draft_tokens = {call.k}], got {call.model_k}"
+            )
         call.sampling.validate()
         limit = self.vocab_size
         bad = [t for t in call.new_tokens if t < 0 or (limit is not None and t >= limit)]
@@ -250,7 +253,9 @@ class DraftCore:
         if len(self._queue) >= self.config.max_queue:
             self._queue = deque(p for p in self._queue if not p.future.done())  # callers that left hold no place
         if len(self._queue) >= self.config.max_queue:
-            raise Overloaded(f"{len(self._queue)} calls already wait for the draft model (max_queue {self.config.max_queue})")
+            raise Overloaded(
+                f"{len(self._queue)} calls already wait for the draft model (max_queue {self.config.max_queue})"
+            )
         if self._worker is None:
             self._wakeup = asyncio.Event()
             self._worker = asyncio.get_running_loop().create_task(self._work())

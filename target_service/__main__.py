@@ -14,15 +14,17 @@ import sys
 import threading
 from dataclasses import replace
 
-from specdec import flag_types
-from target_service.actor import ActorConfig
-from target_service.pool import NAMESPACE, PREFIX, actor_names, launch
+from specdec.core import flag_types
+from specdec.target_service.actor import ActorConfig
+from specdec.target_service.pool import NAMESPACE, PREFIX, actor_names, launch
 
 
 def _parser() -> argparse.ArgumentParser:
     defaults = ActorConfig()
     p = argparse.ArgumentParser(prog="specdec target", description=__doc__.splitlines()[0])
-    p.add_argument("--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)")
+    p.add_argument(
+        "--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)"
+    )
     p.add_argument("--replicas", type=int, default=1, help="actors in the pool (a GPU each when there are GPUs)")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--namespace", default=NAMESPACE)
@@ -32,10 +34,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
     p.add_argument("--max-cached-tokens", type=int, default=defaults.max_cached_tokens)
     p.add_argument("--session-ttl", type=float, default=defaults.session_ttl_s, help="seconds an idle session is kept")
-    p.add_argument("--metrics-host", default=defaults.metrics_host, help="address each actor serves Prometheus metrics on (0.0.0.0 in a cluster)")
-    p.add_argument("--metrics-port", type=flag_types.port, default=defaults.metrics_port, help="each actor's metrics port: the first free one from here on; 0 picks any")
-    p.add_argument("--gpus-per-actor", type=float, default=None, help="GPUs Ray reserves per actor (default: 1 when the cluster has GPUs, else 0)")
-    p.add_argument("--cpus-per-actor", type=int, default=None, help="on CPU nodes: CPUs (and torch threads) per actor (default: a local Ray's CPUs shared out, 1 on a cluster)")
+    p.add_argument(
+        "--metrics-host",
+        default=defaults.metrics_host,
+        help="address each actor serves Prometheus metrics on (0.0.0.0 in a cluster)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=flag_types.port,
+        default=defaults.metrics_port,
+        help="each actor's metrics port: the first free one from here on; 0 picks any",
+    )
+    p.add_argument(
+        "--gpus-per-actor",
+        type=float,
+        default=None,
+        help="GPUs Ray reserves per actor (default: 1 when the cluster has GPUs, else 0)",
+    )
+    p.add_argument(
+        "--cpus-per-actor",
+        type=int,
+        default=None,
+        help="on CPU nodes: CPUs (and torch threads) per actor (default: a local Ray's CPUs shared out, 1 on a cluster)",
+    )
     p.add_argument("--full-precision", action="store_true", help="fp32 on GPUs too (CPU is always fp32)")
     return p
 
@@ -46,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"specdec target: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
-    from target_service.ray_cluster import connect
+    from specdec.target_service.ray_cluster import connect
 
     config = ActorConfig(
         target_model=args.target_model,

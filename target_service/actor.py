@@ -18,14 +18,15 @@ import torch
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
-from specdec.acceptance import DraftProposal
-from specdec.models import load_model
-from specdec.metrics import MetricsServer
-from specdec.session_store import SessionStore
-from specdec.telemetry import configure_tracing
-from target_service import metrics
-from target_service.protocol import VerifyReply, VerifyRequest
-from target_service.verifier import TargetVerifier, VerifyItem, _cached_tokens
+from specdec.core.acceptance import DraftProposal
+from specdec.core.session_store import SessionStore
+from specdec.drafts.loading import load_model
+from specdec.target_service import metrics
+from specdec.target_service.protocol import VerifyReply, VerifyRequest
+from specdec.target_service.verifier import TargetVerifier, VerifyItem, _cached_tokens
+from specdec.telemetry.metrics import MetricsServer
+from specdec.telemetry.tracing import configure_tracing
+
 
 @dataclass(frozen=True)
 class ActorConfig:
@@ -153,7 +154,10 @@ class TargetActor:
                 continue
             if len(context) + len(request.draft_ids) > self.loaded.max_context:
                 # The engine never asks this; a caller that does gets a clear error, not a wrong answer.
-                replies[i] = VerifyReply(None, error=f"{len(context)} tokens plus {len(request.draft_ids)} drafts exceed the model's context of {self.loaded.max_context}")
+                replies[i] = VerifyReply(
+                    None,
+                    error=f"{len(context)} tokens plus {len(request.draft_ids)} drafts exceed the model's context of {self.loaded.max_context}",
+                )
                 continue
             items.append(VerifyItem(request.session_id, context, _proposal(request), request.sampling))
             where.append(i)
@@ -206,4 +210,6 @@ def _proposal(request: VerifyRequest) -> DraftProposal:
 def remote_actor_class(num_gpus: int, num_cpus: int = 1, max_restarts: int = -1):
     """The actor class for Ray: a GPU each when there are GPUs, else `num_cpus` CPUs; Ray revives
     it when it dies."""
-    return ray.remote(num_gpus=num_gpus, num_cpus=0 if num_gpus else num_cpus, max_restarts=max_restarts, max_concurrency=1000)(TargetActor)
+    return ray.remote(
+        num_gpus=num_gpus, num_cpus=0 if num_gpus else num_cpus, max_restarts=max_restarts, max_concurrency=1000
+    )(TargetActor)

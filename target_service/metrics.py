@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from specdec.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
+from specdec.telemetry.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
 VERIFY_ROUNDS = Counter("specdec:target_verify_rounds", "Rounds verified (a forward pass serves several)")
-VERIFY_MISSES = Counter("specdec:target_verify_misses", "Rounds answered `miss`: the actor lacked the session's prefix (new replica, restart, eviction)")
-VERIFY_BATCH_SIZE = Histogram("specdec:target_verify_batch_size", "Rounds verified in one forward pass", buckets=BATCH_BUCKETS)
-FORWARD_LATENCY = Histogram("specdec:target_forward_latency_seconds", "One batched verification forward pass", buckets=LATENCY_BUCKETS)
+VERIFY_MISSES = Counter(
+    "specdec:target_verify_misses",
+    "Rounds answered `miss`: the actor lacked the session's prefix (new replica, restart, eviction)",
+)
+VERIFY_BATCH_SIZE = Histogram(
+    "specdec:target_verify_batch_size", "Rounds verified in one forward pass", buckets=BATCH_BUCKETS
+)
+FORWARD_LATENCY = Histogram(
+    "specdec:target_forward_latency_seconds", "One batched verification forward pass", buckets=LATENCY_BUCKETS
+)
 QUEUE_DEPTH = Gauge("specdec:target_queue_depth", "Rounds waiting for the model")
 SESSIONS = Gauge("specdec:target_sessions", "Sessions whose KV cache the actor holds")
-CACHE_TOKENS = Gauge("specdec:target_cache_tokens", "Cached token positions over all sessions (the bound is max_cached_tokens)")
+CACHE_TOKENS = Gauge(
+    "specdec:target_cache_tokens", "Cached token positions over all sessions (the bound is max_cached_tokens)"
+)

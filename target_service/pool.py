@@ -21,10 +21,10 @@ import ray
 from opentelemetry.propagate import inject
 from ray.actor import ActorHandle
 
-from specdec.acceptance import DraftProposal, Verification
-from specdec.sampling import SamplingParams
-from target_service.actor import ActorConfig, remote_actor_class
-from target_service.protocol import VerifyRequest
+from specdec.core.acceptance import DraftProposal, Verification
+from specdec.core.sampling import SamplingParams
+from specdec.target_service.actor import ActorConfig, remote_actor_class
+from specdec.target_service.protocol import VerifyRequest
 
 NAMESPACE = "specdec"
 PREFIX = "specdec-target"
@@ -68,20 +68,30 @@ class TargetPool:
 
     def refresh(self) -> None:
         names = actor_names(self.config.prefix, self.config.namespace)
-        self.actors = {name: self.actors.get(name) or ray.get_actor(name, namespace=self.config.namespace) for name in names}
+        self.actors = {
+            name: self.actors.get(name) or ray.get_actor(name, namespace=self.config.namespace) for name in names
+        }
         self._refreshed = time.monotonic()
 
     async def info(self) -> dict:
         return await next(iter(self.actors.values())).info.remote()
 
-    async def verify(self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams) -> Verification:
+    async def verify(
+        self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams
+    ) -> Verification:
         tokens = list(tokens)
         carrier: dict[str, str] = {}
         inject(carrier)  # the round's span continues inside the actor
         for _ in range(self.config.attempts):
             placement = self._placement(session_id)
             request = VerifyRequest(
-                session_id, placement.held, tokens[placement.held :], list(proposal.token_ids), proposal.draft_probs, sampling, carrier
+                session_id,
+                placement.held,
+                tokens[placement.held :],
+                list(proposal.token_ids),
+                proposal.draft_probs,
+                sampling,
+                carrier,
             )
             ref = self.actors[placement.actor].verify.remote(request)
             try:
@@ -139,7 +149,11 @@ class TargetPool:
 
 def actor_names(prefix: str, namespace: str) -> list[str]:
     pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)$")
-    found = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace and pattern.match(a["name"])]
+    found = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == namespace and pattern.match(a["name"])
+    ]
     return sorted(found, key=lambda name: int(pattern.match(name).group(1)))
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.acceptance import Verification
-from specdec.sampling import SamplingParams
+from specdec.core.acceptance import Verification
+from specdec.core.sampling import SamplingParams
 
 
 @dataclass

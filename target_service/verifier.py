@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.acceptance import DraftProposal, Verification, verify_greedy, verify_sampled
-from specdec.batching import batched_forward
-from specdec.kv_cache import SequenceCache, resume, rollback
-from specdec.models import LoadedModel
-from specdec.sampling import SamplingParams, warp
-from specdec.session_store import SessionStore
+from specdec.core.acceptance import DraftProposal, Verification, verify_greedy, verify_sampled
+from specdec.core.sampling import SamplingParams, warp
+from specdec.core.session_store import SessionStore
+from specdec.runtime.batching import batched_forward
+from specdec.runtime.kv_cache import SequenceCache, resume, rollback
+from specdec.runtime.models import LoadedModel
 
 
 @dataclass
@@ -36,7 +36,9 @@ class TargetVerifier:
         # Unbounded unless the owner passes a bounded store (the actor does: LRU, TTL, tokens).
         self.sessions = sessions if sessions is not None else SessionStore(size=_cached_tokens)
 
-    def verify(self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams) -> Verification:
+    def verify(
+        self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams
+    ) -> Verification:
         return self.verify_batch([VerifyItem(session_id, tokens, proposal, sampling)])[0]
 
     @torch.inference_mode()

@@ -8,8 +8,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test may reach a hub
 
-from specdec.models import LoadedModel, load_model  # noqa: E402
-from specdec.tiny import make_tiny_model  # noqa: E402
+from specdec.drafts.loading import load_model
+from specdec.runtime.models import LoadedModel  # noqa: E402
+from specdec.runtime.tiny import make_tiny_model  # noqa: E402
 
 TINY_KINDS = ("llama", "gpt2", "gemma3")
 
@@ -46,7 +47,7 @@ def ray_local():
     """One local Ray per test session (2 CPUs, token auth with a per-session token)."""
     import ray
 
-    from target_service.ray_cluster import connect
+    from specdec.target_service.ray_cluster import connect
 
     connect(None, namespace="specdec-test", num_cpus=2)
     yield ray

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from specdec import rng
-from specdec.rng import Stream
-from specdec.sampling import SamplingParams, warp
+from specdec.core import rng
+from specdec.core.rng import Stream
+from specdec.core.sampling import SamplingParams, warp
 
 
 @torch.inference_mode()
-def target_only(model, prompt: list[int], max_new_tokens: int, eos: frozenset[int], sampling: SamplingParams = SamplingParams()) -> list[int]:
+def target_only(
+    model, prompt: list[int], max_new_tokens: int, eos: frozenset[int], sampling: SamplingParams = SamplingParams()
+) -> list[int]:
     """Greedy argmax, or seeded sampling with the same keyed draws the verifier uses."""
     tokens = list(prompt)
     for _ in range(max_new_tokens):

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from bench.suite.ideal import efficiency
-from bench.stack import Method, Run
-from bench.suite.spans import Request, acceptance_by_position, time_split
+from specdec.bench.stack import Method, Run
+from specdec.bench.suite.ideal import efficiency
+from specdec.bench.suite.spans import Request, acceptance_by_position, time_split
 
 BASELINE = "target_only"
 OURS = ("ngram", "model", "hybrid")  # speculative methods through the stack
@@ -31,7 +31,9 @@ class Prompt:
     ids: list[int]
 
 
-async def measure(methods: dict[str, Method], prompts: list[Prompt], repeats: int, max_new_tokens: int, progress: tqdm) -> list[dict[str, list[Run]]]:
+async def measure(
+    methods: dict[str, Method], prompts: list[Prompt], repeats: int, max_new_tokens: int, progress: tqdm
+) -> list[dict[str, list[Run]]]:
     """runs[p][method]: that method's runs on prompt p, one per repeat."""
     order = random.Random(0)
     names = list(methods)
@@ -54,7 +56,10 @@ def prompt_row(prompt: Prompt, runs: dict[str, list[Run]], requests: dict[str, R
     med = statistics.median
     reference = runs[BASELINE][0].token_ids
     tps = {name: med(run.tokens_per_s for run in method_runs) for name, method_runs in runs.items()}
-    traced = {name: [requests[run.trace_id] for run in method_runs if run.trace_id in requests] for name, method_runs in runs.items()}
+    traced = {
+        name: [requests[run.trace_id] for run in method_runs if run.trace_id in requests]
+        for name, method_runs in runs.items()
+    }
     row = {
         "workload": prompt.workload,
         "label": prompt.label,
@@ -62,7 +67,9 @@ def prompt_row(prompt: Prompt, runs: dict[str, list[Run]], requests: dict[str, R
         "new_tokens": len(reference),
         "tokens_per_s": tps,
         "seconds": {name: [run.seconds for run in method_runs] for name, method_runs in runs.items()},
-        "greedy_equal": {name: all(run.token_ids == reference for run in method_runs) for name, method_runs in runs.items()},
+        "greedy_equal": {
+            name: all(run.token_ids == reference for run in method_runs) for name, method_runs in runs.items()
+        },
         "speedup": {},
         "over_peer": {},
         "acceptance_rate": {},
@@ -113,10 +120,23 @@ def summarize(rows: list[dict]) -> dict:
     for m in OURS:
         ideals = [row["ideal"][m] for row in rows if m in row["ideal"]]
         if ideals:
-            out["ideal"][m] = {key: med(i[key] for i in ideals) for key in ("ideal_speedup", "measured_decode_speedup", "efficiency", "c", "t1_ms", "verify_ms_median", "mean_k")}
+            out["ideal"][m] = {
+                key: med(i[key] for i in ideals)
+                for key in (
+                    "ideal_speedup",
+                    "measured_decode_speedup",
+                    "efficiency",
+                    "c",
+                    "t1_ms",
+                    "verify_ms_median",
+                    "mean_k",
+                )
+            }
         curves = [row["acceptance_by_position"][m] for row in rows if row["acceptance_by_position"].get(m)]
         if curves:  # position i: the median over the prompts that drafted that deep
-            out["alpha_by_position"][m] = [med(c[i] for c in curves if i < len(c)) for i in range(max(map(len, curves)))]
+            out["alpha_by_position"][m] = [
+                med(c[i] for c in curves if i < len(c)) for i in range(max(map(len, curves)))
+            ]
     for m in methods:
         splits = [row["time_split_ms"][m] for row in rows if m in row["time_split_ms"]]
         if splits:

@@ -33,7 +33,9 @@ ARMS = ("off", "on", "load_aware")
 class StreamedRequest:
     prompt: int  # index into the prompt set
     started: float  # seconds since the level began
-    events: list[tuple[float, int]] = field(default_factory=list)  # (seconds since the level began, tokens in the message)
+    events: list[tuple[float, int]] = field(
+        default_factory=list
+    )  # (seconds since the level began, tokens in the message)
     token_ids: list[int] = field(default_factory=list)
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -48,15 +50,24 @@ class StreamedRequest:
         return (self.events[-1][0] - self.events[0][0]) / after_first if after_first > 0 else None
 
 
-async def _request(stub, prompt: int, ids: list[int], max_new_tokens: int, speculate: bool, k: int, t0: float) -> StreamedRequest:
-    request = pb.GenerateRequest(prompt_token_ids=ids, max_new_tokens=max_new_tokens, speculation=pb.SpeculationParams(disabled=not speculate, max_draft_tokens=k))
+async def _request(
+    stub, prompt: int, ids: list[int], max_new_tokens: int, speculate: bool, k: int, t0: float
+) -> StreamedRequest:
+    request = pb.GenerateRequest(
+        prompt_token_ids=ids,
+        max_new_tokens=max_new_tokens,
+        speculation=pb.SpeculationParams(disabled=not speculate, max_draft_tokens=k),
+    )
     out = StreamedRequest(prompt, time.perf_counter() - t0)
     async for message in stub.GenerateStream(request):
         if message.token_ids:
             out.events.append((time.perf_counter() - t0, len(message.token_ids)))
             out.token_ids += message.token_ids
         if message.HasField("speculation"):
-            out.draft_tokens, out.accepted_tokens = message.speculation.draft_tokens, message.speculation.accepted_tokens
+            out.draft_tokens, out.accepted_tokens = (
+                message.speculation.draft_tokens,
+                message.speculation.accepted_tokens,
+            )
     return out
 
 
@@ -97,7 +108,15 @@ async def run_level(stub, speculate: bool, streams: int, prompts: list[list[int]
     }
 
 
-async def measure(stubs: dict[str, generation_pb2_grpc.GenerationServiceStub], levels: list[int], prompts: list[list[int]], max_new_tokens: int, k: int, repeats: int, progress: tqdm) -> dict:
+async def measure(
+    stubs: dict[str, generation_pb2_grpc.GenerationServiceStub],
+    levels: list[int],
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    k: int,
+    repeats: int,
+    progress: tqdm,
+) -> dict:
     """results[arm][level] = the median repeat (by aggregate tokens/s) of that cell, with the
     others' tokens/s kept; the arms of a level run in a fresh seeded order each repeat."""
     arms = {"off": (stubs["on"], False), "on": (stubs["on"], True), "load_aware": (stubs["load_aware"], True)}

@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from bench.suite.spans import Request, per_position
+from specdec.bench.suite.spans import Request, per_position
 
 
 def position_rates(requests: Sequence[Request]) -> list[float]:
@@ -44,7 +44,9 @@ def expected_tokens(k: int, rates: Sequence[float]) -> float:
 
 def target_step_ms(baseline: Sequence[Request]) -> float:
     """T1: the median single-position target pass of target-only decoding (prefill excluded)."""
-    passes = [r.verify_compute_ms for request in baseline for r in request.decode_rounds if r.verify_compute_ms is not None]
+    passes = [
+        r.verify_compute_ms for request in baseline for r in request.decode_rounds if r.verify_compute_ms is not None
+    ]
     return statistics.median(passes) if passes else 0.0
 
 
@@ -70,7 +72,12 @@ def efficiency(spec: Sequence[Request], baseline: Sequence[Request]) -> dict[str
     ideal = ideal_speedup(spec, rates, t1, d)
     base = statistics.median(r.decode_tokens_per_s() for r in baseline)
     measured = statistics.median(r.decode_tokens_per_s() for r in spec) / base if base else 0.0
-    verify = [r.verify_compute_ms for request in spec for r in request.decode_rounds if r.verify_compute_ms is not None and r.k > 0]
+    verify = [
+        r.verify_compute_ms
+        for request in spec
+        for r in request.decode_rounds
+        if r.verify_compute_ms is not None and r.k > 0
+    ]
     return {
         "ideal_speedup": ideal,
         "measured_decode_speedup": measured,

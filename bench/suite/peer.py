@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from bench.stack import Method, Run
+from specdec.bench.stack import Method, Run
 
 
 def hf_method(model: torch.nn.Module, **generate_kwargs) -> Method:
@@ -26,7 +26,12 @@ def hf_method(model: torch.nn.Module, **generate_kwargs) -> Method:
         with torch.inference_mode():
             started = time.perf_counter()
             out = model.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, **generate_kwargs
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=None,
+                **generate_kwargs,
             )  # (1, prompt + max_new_tokens)
             seconds = time.perf_counter() - started
         return Run(out[0, len(prompt_ids) :].tolist(), seconds)

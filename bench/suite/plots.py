@@ -7,8 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-_ARM_STYLE = {"off": ("tab:gray", "speculation off (k = 0)"), "on": ("tab:orange", "speculation on"), "load_aware": ("tab:blue", "load-aware")}
-_SPLIT = (("draft_wait", "waiting for drafts"), ("verify_compute", "target forward pass"), ("verify_transport", "verify transport, queueing"), ("coordination", "coordinator"))
+_ARM_STYLE = {
+    "off": ("tab:gray", "speculation off (k = 0)"),
+    "on": ("tab:orange", "speculation on"),
+    "load_aware": ("tab:blue", "load-aware"),
+}
+_SPLIT = (
+    ("draft_wait", "waiting for drafts"),
+    ("verify_compute", "target forward pass"),
+    ("verify_transport", "verify transport, queueing"),
+    ("coordination", "coordinator"),
+)
 
 
 def _pyplot():
@@ -39,7 +48,13 @@ def speedup_vs_concurrency(results: dict, path: Path) -> None:
     for arm, (color, label) in _ARM_STYLE.items():
         levels = sorted(int(n) for n in conc[arm])
         left.plot(levels, [conc[arm][str(n)]["tokens_per_s"] for n in levels], "o-", color=color, label=label)
-        right.plot(levels, [conc[arm][str(n)]["tokens_per_s"] / conc["off"][str(n)]["tokens_per_s"] for n in levels], "o-", color=color, label=label)
+        right.plot(
+            levels,
+            [conc[arm][str(n)]["tokens_per_s"] / conc["off"][str(n)]["tokens_per_s"] for n in levels],
+            "o-",
+            color=color,
+            label=label,
+        )
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent streams")
@@ -52,13 +67,19 @@ def speedup_vs_concurrency(results: dict, path: Path) -> None:
 def acceptance_by_position(results: dict, path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for workload, summary in results["batch1"]["summary"].items():
+    for workload, _summary in results["batch1"]["summary"].items():
         for method, style in (("ngram", "o-"), ("model", "s--"), ("hybrid", "^:")):
-            curves = [row["acceptance_by_position"][method] for row in results["batch1"]["prompts"] if row["workload"] == workload and row["acceptance_by_position"].get(method)]
+            curves = [
+                row["acceptance_by_position"][method]
+                for row in results["batch1"]["prompts"]
+                if row["workload"] == workload and row["acceptance_by_position"].get(method)
+            ]
             if not curves:
                 continue
             depth = max(map(len, curves))
-            mean = [sum(c[i] for c in curves if i < len(c)) / sum(1 for c in curves if i < len(c)) for i in range(depth)]
+            mean = [
+                sum(c[i] for c in curves if i < len(c)) / sum(1 for c in curves if i < len(c)) for i in range(depth)
+            ]
             ax.plot(range(1, depth + 1), mean, style, label=f"{method}, {workload}")
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / drafted at this position")
@@ -68,7 +89,9 @@ def acceptance_by_position(results: dict, path: Path) -> None:
 
 def time_split(results: dict, path: Path) -> None:
     plt = _pyplot()
-    bars = [(f"{m}\n{w}", split) for w, s in results["batch1"]["summary"].items() for m, split in s["time_split_ms"].items()]
+    bars = [
+        (f"{m}\n{w}", split) for w, s in results["batch1"]["summary"].items() for m, split in s["time_split_ms"].items()
+    ]
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(bars)), 4.5))
     bottom = [0.0] * len(bars)
     for part, label in _SPLIT:
@@ -103,7 +126,10 @@ def draw_all(results: dict, out_dir: Path) -> list[Path]:
             draw(results, out_dir / name)
             paths.append(out_dir / name)
     if results.get("concurrency"):
-        for name, draw in (("speedup_vs_concurrency.png", speedup_vs_concurrency), ("tokens_over_time.png", tokens_over_time)):
+        for name, draw in (
+            ("speedup_vs_concurrency.png", speedup_vs_concurrency),
+            ("tokens_over_time.png", tokens_over_time),
+        ):
             draw(results, out_dir / name)
             paths.append(out_dir / name)
     return paths

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import sys
 
-_COLUMNS = (("target_only", "k=0"), ("ngram", "ngram"), ("model", "model"), ("hybrid", "hybrid"), ("hf_greedy", "hf"), ("hf_pld", "hf pld"), ("hf_assisted", "hf asst"))
+_COLUMNS = (
+    ("target_only", "k=0"),
+    ("ngram", "ngram"),
+    ("model", "model"),
+    ("hybrid", "hybrid"),
+    ("hf_greedy", "hf"),
+    ("hf_pld", "hf pld"),
+    ("hf_assisted", "hf asst"),
+)
 _DRAFTERS = ("ngram", "model", "hybrid")
 
 
@@ -31,14 +39,20 @@ def batch1_table(batch1: dict, repeats: int, out=sys.stdout) -> None:
         print(f"-- where a decode round's time goes (median ms), workload {workload} --", file=out)
         print(f"{'method':<14}{'draft':>8}{'forward':>9}{'transport':>10}{'coord':>8}{'round':>8}", file=out)
         for m, split in summary["time_split_ms"].items():
-            print(f"{m:<14}{split['draft_wait']:>8.1f}{split['verify_compute']:>9.1f}{split['verify_transport']:>10.1f}{split['coordination']:>8.2f}{split['round']:>8.1f}", file=out)
+            print(
+                f"{m:<14}{split['draft_wait']:>8.1f}{split['verify_compute']:>9.1f}{split['verify_transport']:>10.1f}{split['coordination']:>8.2f}{split['round']:>8.1f}",
+                file=out,
+            )
 
 
 def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
     """Each drafter beside its Leviathan ideal: speedup, per-token acceptance, acceptance by
     position, the cost ratio c and the ideal from them (medians over prompts)."""
     print(f"-- drafters, workload {workload}: measured vs the Leviathan ideal (medians over prompts) --", file=out)
-    print(f"{'drafter':<8}{'x k=0':>7}{'accept':>8}{'alpha by position (1..6)':>32}{'c':>7}{'mean k':>7}{'ideal':>7}{'eff':>6}", file=out)
+    print(
+        f"{'drafter':<8}{'x k=0':>7}{'accept':>8}{'alpha by position (1..6)':>32}{'c':>7}{'mean k':>7}{'ideal':>7}{'eff':>6}",
+        file=out,
+    )
     for m in _DRAFTERS:
         if m not in summary["speedup"]:
             continue
@@ -53,7 +67,10 @@ def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
 
 def concurrency_table(conc: dict, out=sys.stdout) -> None:
     print("\n== concurrency (mixed workload) ==", file=out)
-    print(f"{'streams':>7} {'arm':<11}{'tok/s':>8}{'x off':>7}{'x 1 str':>8}{'tpot p50':>9}{'tpot p99':>9}{'ttft p50':>9}{'accept':>7}", file=out)
+    print(
+        f"{'streams':>7} {'arm':<11}{'tok/s':>8}{'x off':>7}{'x 1 str':>8}{'tpot p50':>9}{'tpot p99':>9}{'ttft p50':>9}{'accept':>7}",
+        file=out,
+    )
     for level in sorted(conc["off"], key=int):
         for arm in conc:
             cell = conc[arm][level]
@@ -71,7 +88,15 @@ def goals(results: dict) -> list[dict]:
 
     def goal(name: str, figure: float | None, target: float, at_most: bool = False) -> None:
         if figure is not None:
-            out.append({"goal": name, "figure": figure, "target": target, "at_most": at_most, "met": figure <= target if at_most else figure >= target})
+            out.append(
+                {
+                    "goal": name,
+                    "figure": figure,
+                    "target": target,
+                    "at_most": at_most,
+                    "met": figure <= target if at_most else figure >= target,
+                }
+            )
 
     summary = results.get("batch1", {}).get("summary", {})
     if "copy" in summary:
@@ -81,13 +106,19 @@ def goals(results: dict) -> list[dict]:
     # Issue 10: the distilled draft on free text, the hybrid on copies.
     if "free" in summary:
         free = summary["free"]
-        best = max((m for m in ("model", "hybrid") if m in free["speedup"]), key=lambda m: free["speedup"][m], default=None)
+        best = max(
+            (m for m in ("model", "hybrid") if m in free["speedup"]), key=lambda m: free["speedup"][m], default=None
+        )
         if best:
             goal(f"free, batch 1: {best} drafter per-token acceptance", free["acceptance_rate"].get(best), 0.5)
             goal(f"free, batch 1: {best} drafter tokens/s over target-only", free["speedup"].get(best), 1.25)
     if "copy" in summary and {"hybrid", "ngram"} <= set(summary["copy"]["tokens_per_s"]):
         copy = summary["copy"]
-        goal("copy, batch 1: hybrid tokens/s over ngram's", copy["tokens_per_s"]["hybrid"] / copy["tokens_per_s"]["ngram"], 1.0)
+        goal(
+            "copy, batch 1: hybrid tokens/s over ngram's",
+            copy["tokens_per_s"]["hybrid"] / copy["tokens_per_s"]["ngram"],
+            1.0,
+        )
     effs = [s["ideal"]["ngram"]["efficiency"] for s in summary.values() if "ngram" in s["ideal"]]
     if effs:
         goal("batch 1: efficiency (measured / Leviathan ideal), ngram, worst workload", min(effs), 0.9)
@@ -95,12 +126,25 @@ def goals(results: dict) -> list[dict]:
         goal("free, batch 1: ngram tokens/s over target-only", summary["free"]["speedup"].get("ngram"), 0.97)
     coord = [s["time_split_ms"]["ngram"]["coordination"] for s in summary.values() if "ngram" in s["time_split_ms"]]
     if coord:
-        goal("coordination per round, median ms (round minus draft and verify waits), worst workload", max(coord), 2.0, at_most=True)
+        goal(
+            "coordination per round, median ms (round minus draft and verify waits), worst workload",
+            max(coord),
+            2.0,
+            at_most=True,
+        )
     conc = results.get("concurrency") or {}
     if conc and {"1", "16"} <= set(conc["load_aware"]):
-        goal("16 streams: aggregate tokens/s over one stream's (load-aware)", conc["load_aware"]["16"]["tokens_per_s"] / conc["load_aware"]["1"]["tokens_per_s"], 4.0)
+        goal(
+            "16 streams: aggregate tokens/s over one stream's (load-aware)",
+            conc["load_aware"]["16"]["tokens_per_s"] / conc["load_aware"]["1"]["tokens_per_s"],
+            4.0,
+        )
     if conc and "64" in conc["load_aware"]:
-        goal("64 streams: load-aware tokens/s over speculation off", conc["load_aware"]["64"]["tokens_per_s"] / conc["off"]["64"]["tokens_per_s"], 1.0)
+        goal(
+            "64 streams: load-aware tokens/s over speculation off",
+            conc["load_aware"]["64"]["tokens_per_s"] / conc["off"]["64"]["tokens_per_s"],
+            1.0,
+        )
     return out
 
 
@@ -111,6 +155,9 @@ def print_report(results: dict, out=sys.stdout) -> None:
         concurrency_table(results["concurrency"], out)
     print("\n== goals ==", file=out)
     for g in results["goals"]:
-        print(f"{'met ' if g['met'] else 'MISS'}  {g['goal']}: {g['figure']:.3g} (goal {'<=' if g['at_most'] else '>='} {g['target']})", file=out)
+        print(
+            f"{'met ' if g['met'] else 'MISS'}  {g['goal']}: {g['figure']:.3g} (goal {'<=' if g['at_most'] else '>='} {g['target']})",
+            file=out,
+        )
     if not results["greedy_equal"]:
         print("\nGREEDY EQUALITY FAILED: some output differs from target-only decoding", file=out)

@@ -37,20 +37,20 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tqdm import tqdm
 
-from bench import prompts as workloads
-from bench.single_process import _git_commit
-from bench.stack import coordinators, drafter_spec, stack_method
-from bench.suite import batch1, concurrency, plots, report
-from bench.suite.batch1 import Prompt
-from bench.suite.peer import hf_methods
-from bench.suite.spans import read_requests
-from coordinator.clients import DraftClient
-from coordinator.engine import EngineConfig
-from coordinator.server import ServerConfig
-from coordinator.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
-from specdec import shipped_draft
-from specdec.models import load_model
-from specdec.trace_file import JsonLinesSpanExporter
+from specdec.bench import prompts as workloads
+from specdec.bench.single_process import _git_commit
+from specdec.bench.stack import coordinators, drafter_spec, stack_method
+from specdec.bench.suite import batch1, concurrency, plots, report
+from specdec.bench.suite.batch1 import Prompt
+from specdec.bench.suite.peer import hf_methods
+from specdec.bench.suite.spans import read_requests
+from specdec.coordinator.clients import DraftClient
+from specdec.coordinator.engine import EngineConfig
+from specdec.coordinator.server import ServerConfig
+from specdec.drafts import shipped_draft
+from specdec.drafts.loading import load_model
+from specdec.local.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
+from specdec.telemetry.trace_file import JsonLinesSpanExporter
 
 POOL = "specdec-bench-suite"
 _FLUSH_S = 1.5  # the draft server and the actors export spans every 0.5 s
@@ -59,40 +59,98 @@ _FLUSH_S = 1.5  # the draft server and the actors export spans every 0.5 s
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if argv[:1] == ["--"]:
         argv = argv[1:]
-    p = argparse.ArgumentParser(prog="specdec bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--workload", action="append", choices=(*workloads.SUITE_WORKLOADS, "all"), help="batch-1 workloads, repeatable (default: copy and free; all = the three)")
+    p = argparse.ArgumentParser(
+        prog="specdec bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--workload",
+        action="append",
+        choices=(*workloads.SUITE_WORKLOADS, "all"),
+        help="batch-1 workloads, repeatable (default: copy and free; all = the three)",
+    )
     p.add_argument("--prompts", type=int, default=2, help="prompts per batch-1 workload (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="batch-1 repeats; figures are medians (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per batch-1 request (default 64)")
     p.add_argument("--k", type=int, default=8, help="the most draft tokens per round; ours adapt below it (default 8)")
-    p.add_argument("--model-drafter", default="auto", help="draft model: first:N (the target's first N layers), a model spec, 'distilled' (the shipped draft), or none; auto = distilled for the embedded target when shipped, else first:4 (default auto)")
-    p.add_argument("--no-hybrid", action="store_true", help="leave out the hybrid arm (prompt lookup + the model drafter)")
+    p.add_argument(
+        "--model-drafter",
+        default="auto",
+        help="draft model: first:N (the target's first N layers), a model spec, 'distilled' (the shipped draft), or none; auto = distilled for the embedded target when shipped, else first:4 (default auto)",
+    )
+    p.add_argument(
+        "--no-hybrid", action="store_true", help="leave out the hybrid arm (prompt lookup + the model drafter)"
+    )
     p.add_argument("--no-peer", action="store_true", help="leave out transformers' methods")
-    p.add_argument("--concurrency", default="1,4,16,64", help="stream counts, comma separated; none to skip (default 1,4,16,64)")
-    p.add_argument("--concurrency-prompts", type=int, default=8, help="mixed prompts the concurrency levels share (default 8)")
+    p.add_argument(
+        "--concurrency", default="1,4,16,64", help="stream counts, comma separated; none to skip (default 1,4,16,64)"
+    )
+    p.add_argument(
+        "--concurrency-prompts", type=int, default=8, help="mixed prompts the concurrency levels share (default 8)"
+    )
     p.add_argument("--concurrency-new-tokens", type=int, default=64, help="tokens per concurrency request (default 64)")
-    p.add_argument("--concurrency-repeats", type=int, default=1, help="repeats of each concurrency cell; the median is kept (default 1)")
-    p.add_argument("--load-aware-budget", type=int, default=16, help="the load-aware arm's speculation token budget: target positions per pass shared by the generating requests (default 16)")
-    p.add_argument("--load-aware-running", type=int, default=0, help="the load-aware arm also stops drafting above this many generating requests (default 0: no such limit)")
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep only the last N prompt tokens (0: all; for tiny test models)")
-    p.add_argument("--target-model", default=None, help="local dir, .gguf file or hub id (default: the embedded Gemma 3 270M)")
-    p.add_argument("--out", default="bench-results", help="directory for results.json, spans.jsonl and the plots (default ./bench-results)")
+    p.add_argument(
+        "--concurrency-repeats",
+        type=int,
+        default=1,
+        help="repeats of each concurrency cell; the median is kept (default 1)",
+    )
+    p.add_argument(
+        "--load-aware-budget",
+        type=int,
+        default=16,
+        help="the load-aware arm's speculation token budget: target positions per pass shared by the generating requests (default 16)",
+    )
+    p.add_argument(
+        "--load-aware-running",
+        type=int,
+        default=0,
+        help="the load-aware arm also stops drafting above this many generating requests (default 0: no such limit)",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=0,
+        help="keep only the last N prompt tokens (0: all; for tiny test models)",
+    )
+    p.add_argument(
+        "--target-model", default=None, help="local dir, .gguf file or hub id (default: the embedded Gemma 3 270M)"
+    )
+    p.add_argument(
+        "--out",
+        default="bench-results",
+        help="directory for results.json, spans.jsonl and the plots (default ./bench-results)",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="also write the JSON result here")
-    p.add_argument("--no-plots", action="store_true", help="write no PNG plots (they need matplotlib: pip install -e '.[bench]')")
+    p.add_argument(
+        "--no-plots", action="store_true", help="write no PNG plots (they need matplotlib: pip install -e '.[bench]')"
+    )
     args = p.parse_args(argv)
     if not args.no_plots and importlib.util.find_spec("matplotlib") is None:  # before a 20-minute run, not after
         p.error("the plots need matplotlib: pip install -e '.[bench]' (or pass --no-plots)")
     chosen = args.workload or ["copy", "free"]
     args.workload = list(workloads.SUITE_WORKLOADS) if "all" in chosen else list(dict.fromkeys(chosen))
     try:
-        args.concurrency = [] if args.concurrency.lower() in ("", "none") else sorted({int(n) for n in args.concurrency.split(",")})
+        args.concurrency = (
+            [] if args.concurrency.lower() in ("", "none") else sorted({int(n) for n in args.concurrency.split(",")})
+        )
     except ValueError:
         p.error(f"--concurrency: expected comma-separated stream counts, got {args.concurrency!r}")
     if args.load_aware_budget < 0 or args.load_aware_running < 0:
         p.error("--load-aware-budget and --load-aware-running must be >= 0")
     if any(n < 1 or n > 64 for n in args.concurrency):
         p.error("--concurrency: stream counts must be 1..64 (the coordinator's max_inflight)")
-    for name in ("prompts", "repeats", "max_new_tokens", "k", "concurrency_prompts", "concurrency_new_tokens", "concurrency_repeats"):
+    for name in (
+        "prompts",
+        "repeats",
+        "max_new_tokens",
+        "k",
+        "concurrency_prompts",
+        "concurrency_new_tokens",
+        "concurrency_repeats",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
@@ -118,13 +176,32 @@ async def run(args: argparse.Namespace) -> dict:
     tracer = provider.get_tracer("specdec.coordinator")
 
     target = load_model(args.target_model)
-    prompts = [p for w in args.workload for p in _encode(target.tokenizer, workloads.suite_workload(w, args.prompts), w, args.max_prompt_tokens)]
-    mixed = _encode(target.tokenizer, workloads.suite_workload("mixed", args.concurrency_prompts), "mixed", args.max_prompt_tokens) if args.concurrency else []
+    prompts = [
+        p
+        for w in args.workload
+        for p in _encode(target.tokenizer, workloads.suite_workload(w, args.prompts), w, args.max_prompt_tokens)
+    ]
+    mixed = (
+        _encode(
+            target.tokenizer,
+            workloads.suite_workload("mixed", args.concurrency_prompts),
+            "mixed",
+            args.max_prompt_tokens,
+        )
+        if args.concurrency
+        else []
+    )
     draft_spec = None if args.model_drafter == "none" else drafter_spec(_model_drafter(args), args.target_model)
     assistant = load_model(draft_spec).model if draft_spec and not args.no_peer else None
     config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=True)
     stack_config = StackConfig(
-        target_model=args.target_model, draft_model="ngram", pool_name=POOL, trace_file=str(span_file), metrics_port=0, server=ServerConfig(port=0), engine=config
+        target_model=args.target_model,
+        draft_model="ngram",
+        pool_name=POOL,
+        trace_file=str(span_file),
+        metrics_port=0,
+        server=ServerConfig(port=0),
+        engine=config,
     )
     results: dict = {"batch1": None, "concurrency": None}
     async with LocalStack(stack_config) as stack:
@@ -135,20 +212,39 @@ async def run(args: argparse.Namespace) -> dict:
         servers = {arm: await spawn_draft_server(spec, str(span_file)) for arm, spec in specs.items()}
         drafts = {arm: DraftClient((await draft_server_ready(server))[0]) for arm, server in servers.items()}
         try:
-            load_aware = replace(config, speculation_token_budget=args.load_aware_budget, speculation_max_running=args.load_aware_running)
-            arms = {"ngram": (config, tracer), "load_aware": (load_aware, tracer)} | {arm: (config, tracer) for arm in drafts}
+            load_aware = replace(
+                config, speculation_token_budget=args.load_aware_budget, speculation_max_running=args.load_aware_running
+            )
+            arms = {"ngram": (config, tracer), "load_aware": (load_aware, tracer)} | {
+                arm: (config, tracer) for arm in drafts
+            }
             async with coordinators(stack, args.target_model, arms, drafts or None) as stubs:
-                methods = {"target_only": stack_method(stubs["ngram"], False, args.k), "ngram": stack_method(stubs["ngram"], True, args.k)}
+                methods = {
+                    "target_only": stack_method(stubs["ngram"], False, args.k),
+                    "ngram": stack_method(stubs["ngram"], True, args.k),
+                }
                 methods |= {arm: stack_method(stubs[arm], True, args.k) for arm in drafts}
                 if not args.no_peer:
                     methods.update(hf_methods(target.model, args.k, assistant))
-                total = len(prompts) * args.repeats * len(methods) + len(args.concurrency) * args.concurrency_repeats * len(concurrency.ARMS)
+                total = len(prompts) * args.repeats * len(methods) + len(
+                    args.concurrency
+                ) * args.concurrency_repeats * len(concurrency.ARMS)
                 with tqdm(total=total, desc="specdec bench", unit="run", file=sys.stderr) as progress:
-                    runs = await batch1.measure(methods, prompts, args.repeats, args.max_new_tokens, progress) if prompts else []
+                    runs = (
+                        await batch1.measure(methods, prompts, args.repeats, args.max_new_tokens, progress)
+                        if prompts
+                        else []
+                    )
                     if args.concurrency:
                         ids = [p.ids for p in mixed]
                         results["concurrency"] = await concurrency.measure(
-                            {"on": stubs["ngram"], "load_aware": stubs["load_aware"]}, args.concurrency, ids, args.concurrency_new_tokens, args.k, args.concurrency_repeats, progress
+                            {"on": stubs["ngram"], "load_aware": stubs["load_aware"]},
+                            args.concurrency,
+                            ids,
+                            args.concurrency_new_tokens,
+                            args.k,
+                            args.concurrency_repeats,
+                            progress,
                         )
             provider.force_flush()
             await asyncio.sleep(_FLUSH_S)  # the other processes' exporters, before the stack stops them
@@ -158,11 +254,16 @@ async def run(args: argparse.Namespace) -> dict:
             for server in servers.values():
                 await terminate(server)
     provider.shutdown()
-    trace_ids = {run.trace_id for by_method in runs for method_runs in by_method.values() for run in method_runs if run.trace_id}
+    trace_ids = {
+        run.trace_id for by_method in runs for method_runs in by_method.values() for run in method_runs if run.trace_id
+    }
     requests = read_requests(span_file, trace_ids)
     rows = [batch1.prompt_row(prompt, by_method, requests) for prompt, by_method in zip(prompts, runs)]
     if rows:
-        results["batch1"] = {"prompts": rows, "summary": {w: batch1.summarize([r for r in rows if r["workload"] == w]) for w in args.workload}}
+        results["batch1"] = {
+            "prompts": rows,
+            "summary": {w: batch1.summarize([r for r in rows if r["workload"] == w]) for w in args.workload},
+        }
     equal = all(all(row["greedy_equal"].values()) for row in rows)
     if results["concurrency"]:
         equal = equal and concurrency.outputs_agree(results["concurrency"])
@@ -180,7 +281,7 @@ async def run(args: argparse.Namespace) -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "commit": _git_commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     results["goals"] = report.goals(results)
     return results
@@ -190,7 +291,9 @@ def _model_drafter(args: argparse.Namespace) -> str:
     """--model-drafter auto: the shipped distilled draft for the embedded target, else first:4."""
     if args.model_drafter != "auto":
         return args.model_drafter
-    return shipped_draft.DISTILLED if args.target_model in (None, "default") and shipped_draft.available() else "first:4"
+    return (
+        shipped_draft.DISTILLED if args.target_model in (None, "default") and shipped_draft.available() else "first:4"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.trace_file import read_spans
+from specdec.telemetry.trace_file import read_spans
 
 _PROPOSE = "/specdec.v1.DraftService/Propose"
 
@@ -102,7 +102,13 @@ def time_split(requests: list[Request]) -> dict[str, float]:
     """Median milliseconds per decode round: waiting for drafts, the target's forward pass, the
     rest of the verify wait (Ray hop, queueing, serialization), and the coordinator's own work
     (round time minus both waits: commit, detokenize, stream, choose k, start the next round)."""
-    parts: dict[str, list[float]] = {"draft_wait": [], "verify_compute": [], "verify_transport": [], "coordination": [], "round": []}
+    parts: dict[str, list[float]] = {
+        "draft_wait": [],
+        "verify_compute": [],
+        "verify_transport": [],
+        "coordination": [],
+        "round": [],
+    }
     for request in requests:
         rounds = request.rounds
         for this, following in zip(rounds[1:], rounds[2:]):  # the prefill round is not a decode round

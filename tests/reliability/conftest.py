@@ -15,20 +15,20 @@ import grpc
 import pytest
 import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from loop_thread import LoopThread
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from loop_thread import LoopThread
-from coordinator.clients import DraftClient, DraftClientConfig
-from coordinator.engine import EngineConfig, SpeculativeEngine
-from coordinator.server import GenerationServer, ServerConfig
-from coordinator.stack import connect_engine
-from draft_service.server import DraftServer
-from draft_service.service import DraftCore
+from specdec.coordinator.clients import DraftClient, DraftClientConfig
+from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
+from specdec.coordinator.remote import connect_engine
+from specdec.coordinator.server import GenerationServer, ServerConfig
+from specdec.draft_service.server import DraftServer
+from specdec.draft_service.service import DraftCore
+from specdec.target_service.pool import PoolConfig, TargetPool
 from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
-from target_service.pool import PoolConfig, TargetPool
 
 NAMESPACE = "specdec-test"  # the ray_local fixture's
 TARGET_SEED = 1  # tests/test_engine.py's target: neither stalls nor never repeats
@@ -92,7 +92,9 @@ def served(ray_local, tiny_dir):
         engine = await connect_engine(client, pool, None, EngineConfig(max_draft_tokens=MAX_DRAFT), tracer)
         server = GenerationServer(engine, ServerConfig(port=0, max_inflight=16), tracer=tracer)
         port = await server.start()
-        return Served(loop, draft, f"127.0.0.1:{draft_port}", token, client, pool, engine, server, f"127.0.0.1:{port}", spans)
+        return Served(
+            loop, draft, f"127.0.0.1:{draft_port}", token, client, pool, engine, server, f"127.0.0.1:{port}", spans
+        )
 
     s = loop.run(start())
     yield s
@@ -110,6 +112,7 @@ def served(ray_local, tiny_dir):
 
 
 # --- test_faults.py, test_slow.py, test_load.py ----------------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def fault_tiers(ray_local, tiny_dir):

@@ -27,17 +27,17 @@ from pathlib import Path
 import grpc
 import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from loop_thread import LoopThread
-from coordinator.clients import DraftClient, DraftClientConfig
-from coordinator.engine import EngineConfig
-from coordinator.server import GenerationServer, ServerConfig
-from coordinator.stack import connect_engine
-from specdec.sampling import SamplingParams
+
+from specdec.coordinator.clients import DraftClient, DraftClientConfig
+from specdec.coordinator.engine import EngineConfig
+from specdec.coordinator.remote import connect_engine
+from specdec.coordinator.server import GenerationServer, ServerConfig
+from specdec.core.sampling import SamplingParams
+from specdec.target_service.actor import ActorConfig, remote_actor_class
+from specdec.target_service.pool import PoolConfig, TargetPool
 from specdec.v1 import common_pb2, generation_pb2_grpc
 from specdec.v1 import generation_pb2 as pb
-from target_service.actor import ActorConfig, remote_actor_class
-from target_service.pool import PoolConfig, TargetPool
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "specdec-test"  # the ray_local fixture's
@@ -72,7 +72,9 @@ class _Process:
 
     def __init__(self, args: list[str]):
         self.args = args
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=ROOT, env=child_env())
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=ROOT, env=child_env()
+        )
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -89,7 +91,9 @@ class _Process:
             except queue.Empty:
                 raise AssertionError(f"{self.args[2]}: no line with {containing!r} in {timeout_s} s") from None
             if line is None:
-                raise AssertionError(f"{self.args[2]} exited with code {self.process.wait()} before printing {containing!r}")
+                raise AssertionError(
+                    f"{self.args[2]} exited with code {self.process.wait()} before printing {containing!r}"
+                )
             if containing in line:
                 return line.strip()
 
@@ -121,7 +125,20 @@ class DraftProcess(_Process):
     """`python -m draft_service` on `port` (0: any); returns once its health says SERVING."""
 
     def __init__(self, port: int = 0, draft_model: str = "ngram", flags: Sequence[str] = ()):
-        args = [sys.executable, "-m", "draft_service", "--draft-model", draft_model, "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0", *flags]
+        args = [
+            sys.executable,
+            "-m",
+            "specdec.draft_service",
+            "--draft-model",
+            draft_model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+            *flags,
+        ]
         super().__init__(args)
         try:
             self.address = self.line(" listening on ").rsplit(" ", 1)[-1]
@@ -141,7 +158,7 @@ class CoordinatorProcess(_Process):
 
     def __init__(self, draft: str, pool: str, flags: Sequence[str] = ()):
         gcs = ray.get_runtime_context().gcs_address
-        args = [sys.executable, "-m", "coordinator", "--draft", draft, "--target-pool", pool, "--namespace", NAMESPACE,
+        args = [sys.executable, "-m", "specdec.coordinator", "--draft", draft, "--target-pool", pool, "--namespace", NAMESPACE,
                 "--ray-address", gcs, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *flags]  # fmt: skip
         super().__init__(args)
         try:
@@ -155,7 +172,9 @@ class CoordinatorProcess(_Process):
 def wait_serving(address: str, timeout_s: float = START_S) -> None:
     """Until the server's health says SERVING (Watch streams every change: no polling)."""
     with grpc.insecure_channel(address) as channel:
-        replies = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s, wait_for_ready=True)
+        replies = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=""), timeout=timeout_s, wait_for_ready=True
+        )
         for reply in replies:
             if reply.status == health_pb2.HealthCheckResponse.SERVING:
                 replies.cancel()
@@ -311,12 +330,16 @@ class Streams:
 
     def wait(self, condition: Callable[[list[Outcome]], bool], timeout_s: float = 60.0, what: str = "streams") -> None:
         with self._changed:
-            assert self._changed.wait_for(lambda: condition(self.outcomes), timeout_s), f"{what}: not reached in {timeout_s} s"
+            assert self._changed.wait_for(lambda: condition(self.outcomes), timeout_s), (
+                f"{what}: not reached in {timeout_s} s"
+            )
 
     def wait_messages(self, at_least: Sequence[int] | int, timeout_s: float = 60.0) -> None:
         """Until stream i has `at_least[i]` messages or has ended."""
         wanted = [at_least] * len(self.outcomes) if isinstance(at_least, int) else list(at_least)
-        self.wait(lambda outs: all(o.done or o.messages >= n for o, n in zip(outs, wanted)), timeout_s, f"{wanted} messages")
+        self.wait(
+            lambda outs: all(o.done or o.messages >= n for o, n in zip(outs, wanted)), timeout_s, f"{wanted} messages"
+        )
 
     def snapshot(self) -> list[tuple[int, bool]]:
         """(messages so far, ended) per stream, taken atomically."""
@@ -371,7 +394,9 @@ def stream_requests(max_new_tokens: int, max_draft_tokens: int = 4) -> list[pb.G
     """A greedy and a seeded stream per prompt."""
     speculation = pb.SpeculationParams(max_draft_tokens=max_draft_tokens)
     return [
-        pb.GenerateStreamRequest(prompt_token_ids=prompt, max_new_tokens=max_new_tokens, sampling=sampling, speculation=speculation)
+        pb.GenerateStreamRequest(
+            prompt_token_ids=prompt, max_new_tokens=max_new_tokens, sampling=sampling, speculation=speculation
+        )
         for prompt, seeded in zip(PROMPTS, SEEDED)
         for sampling in (GREEDY, seeded)
     ]
@@ -382,7 +407,9 @@ REQUESTS = stream_requests(max_new_tokens=128)  # a few seconds each, six at onc
 
 def sampling_of(request) -> SamplingParams:
     s = request.sampling
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p or 1.0, top_k=s.top_k, seed=s.seed if s.HasField("seed") else None)
+    return SamplingParams(
+        temperature=s.temperature, top_p=s.top_p or 1.0, top_k=s.top_k, seed=s.seed if s.HasField("seed") else None
+    )
 
 
 class Tiers:
@@ -450,7 +477,9 @@ class Stack:
         """Nothing left behind, at most `timeout_s` after the last call ended (a session the
         coordinator ends in the background, after a slow tier, may take a moment); returns the
         seconds it took."""
-        return until(lambda: not any(self.held().values()), timeout_s, lambda: f"nothing held on any tier (held: {self.held()})")
+        return until(
+            lambda: not any(self.held().values()), timeout_s, lambda: f"nothing held on any tier (held: {self.held()})"
+        )
 
     def close(self) -> None:
         self.coordinator.close()
@@ -459,8 +488,8 @@ class Stack:
 def expected_outcomes(stack: Stack, requests, target) -> list[Outcome]:
     """The unfaulted run of `requests` through `stack`, each checked against the single-process
     engine over `target` (the LoadedModel the actor serves)."""
-    from coordinator.convert import request_from_proto
-    from coordinator.local import build_engine
+    from specdec.coordinator.convert import request_from_proto
+    from specdec.local.in_process import build_engine
 
     outcomes = run_streams(stack.coordinator.address, requests)
     engine = build_engine(target, None)

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
-from coordinator.server import MAX_MESSAGE_BYTES, SERVICE_NAME
-from draft_service.server import SERVICE_NAME as DRAFT_SERVICE
+from specdec.coordinator.server import MAX_MESSAGE_BYTES, SERVICE_NAME
+from specdec.draft_service.server import SERVICE_NAME as DRAFT_SERVICE
 from specdec.v1 import common_pb2, draft_pb2
 from specdec.v1 import generation_pb2 as pb
-from grpc_health.v1 import health_pb2
 
 VOCAB, CONTEXT = 259, 256  # the tiny llama's (checked below)
 MAX_DRAFT = 8  # the served engine's max_draft_tokens (checked below)
@@ -94,20 +94,49 @@ CASES = [
     Case("prompt ids as long as the context", valid(prompt_token_ids=[5] * CONTEXT), INVALID, "prompt: has 256 tokens"),
     Case("prompt ids, a million", valid(prompt_token_ids=[5] * 1_000_000), INVALID, "prompt: has 1000000 tokens"),
     Case("prompt text past the context", valid(prompt_token_ids=[], prompt="ab " * 200), INVALID, "prompt: has"),
-    Case("prompt text of 8 MiB", valid(prompt_token_ids=[], prompt="a" * (8 << 20)), INVALID, "prompt: has 8388608 characters"),
-    Case("message past the size limit", valid(prompt_token_ids=[], prompt="a" * (MAX_MESSAGE_BYTES + 1)), grpc.StatusCode.RESOURCE_EXHAUSTED),
-    Case("gzip bomb past the size limit", valid(prompt_token_ids=[], prompt="a" * (2 * MAX_MESSAGE_BYTES)), grpc.StatusCode.RESOURCE_EXHAUSTED, compression=grpc.Compression.Gzip),
+    Case(
+        "prompt text of 8 MiB",
+        valid(prompt_token_ids=[], prompt="a" * (8 << 20)),
+        INVALID,
+        "prompt: has 8388608 characters",
+    ),
+    Case(
+        "message past the size limit",
+        valid(prompt_token_ids=[], prompt="a" * (MAX_MESSAGE_BYTES + 1)),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ),
+    Case(
+        "gzip bomb past the size limit",
+        valid(prompt_token_ids=[], prompt="a" * (2 * MAX_MESSAGE_BYTES)),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        compression=grpc.Compression.Gzip,
+    ),
     # huge and out-of-range numbers
     Case("max_new_tokens 0", valid(max_new_tokens=0), INVALID, "max_new_tokens: must be in [1,"),
     Case("max_new_tokens 2^31-1", valid(max_new_tokens=2**31 - 1), INVALID, "max_new_tokens:"),
     Case("max_new_tokens 2^32-1", valid(max_new_tokens=2**32 - 1), INVALID, "max_new_tokens:"),
     Case("max_new_tokens -1 as a varint", without(3, valid()) + key(3, 0) + varint(-1), INVALID, "max_new_tokens:"),
-    Case("max_draft_tokens past the bound", valid(speculation=pb.SpeculationParams(max_draft_tokens=MAX_DRAFT + 1)), INVALID, "speculation.max_draft_tokens:"),
-    Case("max_draft_tokens 2^32-1", valid(speculation=pb.SpeculationParams(max_draft_tokens=2**32 - 1)), INVALID, "speculation.max_draft_tokens:"),
+    Case(
+        "max_draft_tokens past the bound",
+        valid(speculation=pb.SpeculationParams(max_draft_tokens=MAX_DRAFT + 1)),
+        INVALID,
+        "speculation.max_draft_tokens:",
+    ),
+    Case(
+        "max_draft_tokens 2^32-1",
+        valid(speculation=pb.SpeculationParams(max_draft_tokens=2**32 - 1)),
+        INVALID,
+        "speculation.max_draft_tokens:",
+    ),
     Case("top_k 2^32-1 (no cut)", valid(sampling=sampling(temperature=1.0, top_k=2**32 - 1, seed=3)), OK),
     Case("seed 2^64-1", valid(sampling=sampling(temperature=1.0, seed=2**64 - 1)), OK),
     Case("temperature the largest float", valid(sampling=sampling(temperature=3.4e38, seed=3)), OK),
-    Case("temperature the smallest float", valid(sampling=sampling(temperature=1e-45, seed=3)), INVALID, "sampling.temperature: must be 0 (greedy) or"),
+    Case(
+        "temperature the smallest float",
+        valid(sampling=sampling(temperature=1e-45, seed=3)),
+        INVALID,
+        "sampling.temperature: must be 0 (greedy) or",
+    ),
     # negative, NaN and infinite floats
     Case("temperature -1", valid(sampling=sampling(temperature=-1.0)), INVALID, "sampling.temperature:"),
     Case("temperature NaN", valid(sampling=sampling(temperature=math.nan)), INVALID, "sampling.temperature:"),
@@ -119,21 +148,60 @@ CASES = [
     Case("top_p 1.5", valid(sampling=sampling(temperature=1.0, top_p=1.5)), INVALID, "sampling.top_p:"),
     # stop strings
     Case("stop not UTF-8", valid() + length_delimited(5, BAD_UTF8), INVALID, "stop: is not valid UTF-8"),
-    Case("stop a lone surrogate", valid() + length_delimited(5, "\ud800".encode("utf-8", "surrogatepass")), INVALID, "stop: is not valid UTF-8"),
-    Case("prompt not UTF-8", without(2, valid()) + length_delimited(1, b"ok \xc0\xaf"), INVALID, "prompt: is not valid UTF-8"),
+    Case(
+        "stop a lone surrogate",
+        valid() + length_delimited(5, "\ud800".encode("utf-8", "surrogatepass")),
+        INVALID,
+        "stop: is not valid UTF-8",
+    ),
+    Case(
+        "prompt not UTF-8",
+        without(2, valid()) + length_delimited(1, b"ok \xc0\xaf"),
+        INVALID,
+        "prompt: is not valid UTF-8",
+    ),
     Case("too many stop strings", valid(stop=["x"] * 10_000), INVALID, "stop: at most 16 strings"),
     Case("a stop string of 1 MiB", valid(stop=["y" * (1 << 20)]), INVALID, "stop: each at most 256 characters"),
     Case("empty and odd stop strings (fine)", valid(stop=["", "\x00", "\u202e", "\U0001f600"]), OK),
     # wrong types and wrong wire types
-    Case("another message's bytes", health_pb2.HealthCheckRequest(service="x" * 40).SerializeToString(), INVALID, "max_new_tokens:"),
-    Case("a response's bytes", pb.GenerateResponse(text="hi", token_ids=[5, 6], finish_reason=pb.FINISH_REASON_STOP).SerializeToString(), INVALID, "prompt: give prompt or prompt_token_ids"),
+    Case(
+        "another message's bytes",
+        health_pb2.HealthCheckRequest(service="x" * 40).SerializeToString(),
+        INVALID,
+        "max_new_tokens:",
+    ),
+    Case(
+        "a response's bytes",
+        pb.GenerateResponse(text="hi", token_ids=[5, 6], finish_reason=pb.FINISH_REASON_STOP).SerializeToString(),
+        INVALID,
+        "prompt: give prompt or prompt_token_ids",
+    ),
     Case("max_new_tokens as bytes", without(3, valid()) + length_delimited(3, b"\x06"), INVALID, "max_new_tokens:"),
     Case("sampling as a varint", valid() + key(4, 0) + varint(7), OK),
-    Case("sampling of garbage bytes", valid() + length_delimited(4, b"\xff\xff\xff"), INVALID, "sampling: is not a serialized specdec.v1.SamplingParams"),
+    Case(
+        "sampling of garbage bytes",
+        valid() + length_delimited(4, b"\xff\xff\xff"),
+        INVALID,
+        "sampling: is not a serialized specdec.v1.SamplingParams",
+    ),
     Case("speculation with a wrong-type field", valid() + length_delimited(6, key(2, 5) + b"\x01\x02\x03\x04"), OK),
-    Case("truncated message", valid() + length_delimited(1, b"abc")[:-2], INVALID, "request: is not a serialized specdec.v1."),
-    Case("varint that never ends", valid() + key(3, 0) + b"\xff" * 11, INVALID, "request: is not a serialized specdec.v1."),
-    Case("unknown fields (ignored)", valid() + key(99, 0) + varint(1) + length_delimited(100, b"\xff" * 64) + key(101, 5) + b"\0\0\0\0", OK),
+    Case(
+        "truncated message",
+        valid() + length_delimited(1, b"abc")[:-2],
+        INVALID,
+        "request: is not a serialized specdec.v1.",
+    ),
+    Case(
+        "varint that never ends",
+        valid() + key(3, 0) + b"\xff" * 11,
+        INVALID,
+        "request: is not a serialized specdec.v1.",
+    ),
+    Case(
+        "unknown fields (ignored)",
+        valid() + key(99, 0) + varint(1) + length_delimited(100, b"\xff" * 64) + key(101, 5) + b"\0\0\0\0",
+        OK,
+    ),
     Case("an end-group tag", valid() + key(7, 4), INVALID, "request: is not a serialized specdec.v1."),
 ]
 
@@ -144,7 +212,11 @@ def _call(served, case: Case, method: str):
     messages = []
     try:
         if method == "Generate":
-            messages.append(pb.GenerateResponse.FromString(served.channel.unary_unary(path)(case.request, timeout=60, compression=case.compression)))
+            messages.append(
+                pb.GenerateResponse.FromString(
+                    served.channel.unary_unary(path)(case.request, timeout=60, compression=case.compression)
+                )
+            )
         else:
             for raw in served.channel.unary_stream(path)(case.request, timeout=60, compression=case.compression):
                 messages.append(pb.GenerateStreamResponse.FromString(raw))
@@ -167,7 +239,11 @@ def test_bad_request_gets_a_clear_status_and_leaves_the_server_healthy(served, c
 
 
 def test_the_table_matches_the_served_model(served):
-    assert (served.engine.target.vocab_size, served.engine.target.max_context, served.engine.config.max_draft_tokens) == (VOCAB, CONTEXT, MAX_DRAFT)
+    assert (
+        served.engine.target.vocab_size,
+        served.engine.target.max_context,
+        served.engine.config.max_draft_tokens,
+    ) == (VOCAB, CONTEXT, MAX_DRAFT)
     assert len(CASES) >= 30
 
 
@@ -241,7 +317,9 @@ def test_a_client_that_closes_its_channel_mid_stream_frees_both_tiers(served):
 
     failed = served.server.stats.failed
     channel = grpc.insecure_channel(served.address)
-    stream = generation_pb2_grpc.GenerationServiceStub(channel).GenerateStream(pb.GenerateStreamRequest(prompt_token_ids=PROMPT, max_new_tokens=200), timeout=60)
+    stream = generation_pb2_grpc.GenerationServiceStub(channel).GenerateStream(
+        pb.GenerateStreamRequest(prompt_token_ids=PROMPT, max_new_tokens=200), timeout=60
+    )
     assert next(stream).token_ids
     channel.close()  # no cancel: the connection just goes
     _until(lambda: served.server.stats.in_flight == 0 and served.server.stats.failed == failed + 1)
@@ -280,6 +358,8 @@ def test_unknown_enum_value_on_the_draft_tier_is_invalid_argument(served):
     with grpc.insecure_channel(served.draft_address) as channel:
         propose = channel.unary_unary(f"/{DRAFT_SERVICE}/Propose")
         with pytest.raises(grpc.RpcError) as info:
-            propose(request.SerializeToString(), metadata=(("authorization", f"Bearer {served.draft_token}"),), timeout=10)
+            propose(
+                request.SerializeToString(), metadata=(("authorization", f"Bearer {served.draft_token}"),), timeout=10
+            )
     assert info.value.code() == INVALID and info.value.details().startswith("probs_encoding: unknown value 99")
     served.assert_healthy()

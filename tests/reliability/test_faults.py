@@ -18,9 +18,9 @@ import time
 
 import grpc
 import pytest
-
-from coordinator.engine import EngineConfig
 from stackkit import REQUESTS, TTL_S, CoordinatorProcess, Stack, Streams, assert_same_output, run_streams, until
+
+from specdec.coordinator.engine import EngineConfig
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +60,14 @@ def test_draft_server_killed_and_restarted_mid_stream(stack, expected):
     outcomes = streams.join()
     assert_same_output(outcomes, expected)
     # Every stream lost proposals to the dead server: one pipelined before the kill may serve a round, the next cannot.
-    assert all(o.final.speculation.draft_failures >= 1 and o.final.speculation.non_speculative_rounds >= 1 for o in outcomes)
+    assert all(
+        o.final.speculation.draft_failures >= 1 and o.final.speculation.non_speculative_rounds >= 1 for o in outcomes
+    )
     stack.assert_clean()
     _serves_again(stack, expected)
-    print(f"\ndraft kill -9: {len(outcomes)} streams, {sum(len(o.tokens) for o in outcomes)} tokens as unfaulted; draft failures {[o.final.speculation.draft_failures for o in outcomes]}")
+    print(
+        f"\ndraft kill -9: {len(outcomes)} streams, {sum(len(o.tokens) for o in outcomes)} tokens as unfaulted; draft failures {[o.final.speculation.draft_failures for o in outcomes]}"
+    )
 
 
 @pytest.mark.long  # kill -9 above takes the same path on the coordinator's side
@@ -96,7 +100,9 @@ def test_target_actor_killed_and_restarted_by_ray_mid_stream(stack, expected):
     assert stack.coordinator.pool.resends - resends >= len(REQUESTS)  # every session was re-prefilled
     stack.assert_clean()
     _serves_again(stack, expected)
-    print(f"\nactor kill: {len(outcomes)} streams, {sum(len(o.tokens) for o in outcomes)} tokens as unfaulted; {stack.coordinator.pool.resends - resends} resends; longest gap {max(max(o.gaps()) for o in outcomes):.1f} s")
+    print(
+        f"\nactor kill: {len(outcomes)} streams, {sum(len(o.tokens) for o in outcomes)} tokens as unfaulted; {stack.coordinator.pool.resends - resends} resends; longest gap {max(max(o.gaps()) for o in outcomes):.1f} s"
+    )
 
 
 @pytest.mark.long  # two coordinator processes start (Ray, torch, tokenizer): about 35 s
@@ -118,10 +124,16 @@ def test_coordinator_killed_mid_stream_then_restarted(stack, expected):
         # The dead coordinator never ended its sessions: both tiers hold them until the TTL.
         held = stack.held()
         assert held["actor_sessions"] == held["draft_server_sessions"] == len(REQUESTS), held
-        freed = until(lambda: stack.held()["actor_sessions"] == stack.held()["draft_server_sessions"] == 0, TTL_S + 10, "sessions freed by TTL")
+        freed = until(
+            lambda: stack.held()["actor_sessions"] == stack.held()["draft_server_sessions"] == 0,
+            TTL_S + 10,
+            "sessions freed by TTL",
+        )
         assert freed < TTL_S + 5
         worst = max(o.ended - killed for o in outcomes)
-        print(f"\ncoordinator kill -9: {len(outcomes)} streams UNAVAILABLE within {worst * 1e3:.0f} ms; both tiers freed {len(REQUESTS)} sessions {freed:.1f} s later (TTL {TTL_S} s)")
+        print(
+            f"\ncoordinator kill -9: {len(outcomes)} streams UNAVAILABLE within {worst * 1e3:.0f} ms; both tiers freed {len(REQUESTS)} sessions {freed:.1f} s later (TTL {TTL_S} s)"
+        )
     finally:
         coordinator.stop()
     restarted = CoordinatorProcess(stack.tiers.draft.address, stack.tiers.pool_name)

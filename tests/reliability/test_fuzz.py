@@ -20,23 +20,33 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.convert import request_from_proto
-from coordinator.engine import EngineConfig, SpeculativeEngine
-from coordinator.server import _why_unparsable
-from specdec.errors import InvalidArgument
-from specdec.packing import MAX_ELEMENTS, pack_probs, unpack_probs
-from specdec.sampling import MIN_TEMPERATURE
+from specdec.coordinator.convert import request_from_proto
+from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
+from specdec.coordinator.server import _why_unparsable
+from specdec.core.errors import InvalidArgument
+from specdec.core.packing import MAX_ELEMENTS, pack_probs, unpack_probs
+from specdec.core.sampling import MIN_TEMPERATURE
 from specdec.v1 import common_pb2
 from specdec.v1 import generation_pb2 as pb
 
-FUZZ = settings(max_examples=200, derandomize=True, deadline=5000, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+FUZZ = settings(
+    max_examples=200,
+    derandomize=True,
+    deadline=5000,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
 
 UINT32, UINT64, INT32 = (0, 2**32 - 1), (0, 2**64 - 1), (-(2**31), 2**31 - 1)
 
 
 def edge_ints(low: int, high: int) -> st.SearchStrategy[int]:
     """Integers in [low, high], with the ends and small values drawn often."""
-    return st.one_of(st.integers(low, high), st.sampled_from([low, high, 0, 1, 2]).filter(lambda v: low <= v <= high), st.integers(max(low, -3), min(high, 300)))
+    return st.one_of(
+        st.integers(low, high),
+        st.sampled_from([low, high, 0, 1, 2]).filter(lambda v: low <= v <= high),
+        st.integers(max(low, -3), min(high, 300)),
+    )
 
 
 floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True)
@@ -49,7 +59,9 @@ def generate_requests(draw):
     if draw(st.booleans()):
         msg.prompt = draw(texts)
     if draw(st.booleans()):
-        msg.prompt_token_ids.extend(draw(st.lists(edge_ints(*INT32), max_size=20) | st.lists(st.integers(0, 300), min_size=250, max_size=260)))
+        msg.prompt_token_ids.extend(
+            draw(st.lists(edge_ints(*INT32), max_size=20) | st.lists(st.integers(0, 300), min_size=250, max_size=260))
+        )
     msg.max_new_tokens = draw(edge_ints(*UINT32))
     if draw(st.booleans()):
         msg.sampling.temperature = draw(floats32)
@@ -80,7 +92,12 @@ def check_prepare(engine: SpeculativeEngine, msg) -> None:
     assert 1 <= len(prompt) < target.max_context and all(0 <= t < target.vocab_size for t in prompt)
     assert 1 <= request.max_new_tokens <= target.max_context - len(prompt)
     s = request.sampling
-    assert math.isfinite(s.temperature) and (s.temperature == 0 or s.temperature >= MIN_TEMPERATURE) and 0 <= s.top_p <= 1 and s.top_k >= 0
+    assert (
+        math.isfinite(s.temperature)
+        and (s.temperature == 0 or s.temperature >= MIN_TEMPERATURE)
+        and 0 <= s.top_p <= 1
+        and s.top_k >= 0
+    )
     assert s.greedy or 0 <= s.seed < 2**64  # a sampled request always has a seed after prepare
     assert 0 <= request.max_draft_tokens <= config.max_draft_tokens
     assert all(isinstance(x, str) for x in request.stop)
@@ -94,7 +111,16 @@ def test_the_validator_accepts_or_names_the_field(engine, msg):
 
 
 @FUZZ
-@given(raw=st.binary(max_size=200) | generate_requests().map(lambda m: m.SerializeToString()).flatmap(lambda b: st.tuples(st.just(b), st.binary(max_size=8), st.integers(0, len(b))).map(lambda t: t[0][: t[2]] + t[1] + t[0][t[2] :])))
+@given(
+    raw=st.binary(max_size=200)
+    | generate_requests()
+    .map(lambda m: m.SerializeToString())
+    .flatmap(
+        lambda b: st.tuples(st.just(b), st.binary(max_size=8), st.integers(0, len(b))).map(
+            lambda t: t[0][: t[2]] + t[1] + t[0][t[2] :]
+        )
+    )
+)
 def test_any_bytes_parse_or_are_refused_with_a_reason(engine, raw):
     """What the server does with a call's bytes: parse, or say why not (never raise from that)."""
     try:
@@ -115,13 +141,25 @@ ENCODINGS = [v for v in common_pb2.DraftProbsEncoding.values()] + [4, 99, -1, 2*
 def draft_probs(draw):
     """Well-formed messages, the same bent one way or another, and arbitrary ones."""
     k, vocab = draw(st.integers(0, 4)), draw(st.integers(1, 24))
-    q = torch.tensor(draw(st.lists(st.floats(0, 1, width=32), min_size=k * vocab, max_size=k * vocab)), dtype=torch.float32).reshape(k, vocab)
+    q = torch.tensor(
+        draw(st.lists(st.floats(0, 1, width=32), min_size=k * vocab, max_size=k * vocab)), dtype=torch.float32
+    ).reshape(k, vocab)
     if k and draw(st.booleans()):
         q = q / q.sum(dim=-1, keepdim=True).clamp_min(1e-30)  # mostly distributions, some rows zero
-    encoding = draw(st.sampled_from([common_pb2.DRAFT_PROBS_ENCODING_DENSE_FP32, common_pb2.DRAFT_PROBS_ENCODING_DENSE_FP16, common_pb2.DRAFT_PROBS_ENCODING_SPARSE_FP32]))
+    encoding = draw(
+        st.sampled_from(
+            [
+                common_pb2.DRAFT_PROBS_ENCODING_DENSE_FP32,
+                common_pb2.DRAFT_PROBS_ENCODING_DENSE_FP16,
+                common_pb2.DRAFT_PROBS_ENCODING_SPARSE_FP32,
+            ]
+        )
+    )
     msg = pack_probs(q, encoding)
     for _ in range(draw(st.integers(0, 3))):
-        which = draw(st.sampled_from(["encoding", "num_tokens", "vocab_size", "values", "indices", "row_nnz", "special"]))
+        which = draw(
+            st.sampled_from(["encoding", "num_tokens", "vocab_size", "values", "indices", "row_nnz", "special"])
+        )
         if which == "encoding":
             msg.encoding = draw(st.sampled_from(ENCODINGS))
         elif which in ("num_tokens", "vocab_size"):
@@ -159,13 +197,24 @@ def test_unpack_gives_distributions_or_names_the_field(msg, expect):
     assert q.numel() <= MAX_ELEMENTS
     assert bool(torch.isfinite(q).all()) and bool((q >= 0).all())
     if q.shape[0]:
-        assert torch.allclose(q.sum(dim=-1, dtype=torch.float64), torch.ones(q.shape[0], dtype=torch.float64), atol=1e-2)
+        assert torch.allclose(
+            q.sum(dim=-1, dtype=torch.float64), torch.ones(q.shape[0], dtype=torch.float64), atol=1e-2
+        )
 
 
 @FUZZ
-@given(encoding=st.sampled_from(ENCODINGS), k=edge_ints(*UINT32), vocab=edge_ints(*UINT32), values=st.binary(max_size=64), indices=st.binary(max_size=64), row_nnz=st.lists(edge_ints(*UINT32), max_size=6))
+@given(
+    encoding=st.sampled_from(ENCODINGS),
+    k=edge_ints(*UINT32),
+    vocab=edge_ints(*UINT32),
+    values=st.binary(max_size=64),
+    indices=st.binary(max_size=64),
+    row_nnz=st.lists(edge_ints(*UINT32), max_size=6),
+)
 def test_unpack_of_arbitrary_fields_never_crashes(encoding, k, vocab, values, indices, row_nnz):
-    msg = common_pb2.DraftProbs(encoding=encoding, num_tokens=k, vocab_size=vocab, values=values, indices=indices, row_nnz=row_nnz)
+    msg = common_pb2.DraftProbs(
+        encoding=encoding, num_tokens=k, vocab_size=vocab, values=values, indices=indices, row_nnz=row_nnz
+    )
     try:
         q = unpack_probs(msg)
     except InvalidArgument as e:

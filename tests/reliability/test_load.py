@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 import ray
+from stackkit import Coordinator, run_streams, until
 
-from coordinator.engine import EngineConfig
-from draft_service.server import DraftServer
-from draft_service.service import DraftConfig, DraftCore
+from specdec.coordinator.engine import EngineConfig
+from specdec.draft_service.server import DraftServer
+from specdec.draft_service.service import DraftConfig, DraftCore
 from specdec.v1 import common_pb2, generation_pb2_grpc
 from specdec.v1 import generation_pb2 as pb
-from stackkit import Coordinator, run_streams, until
 
 CLIENTS = 64
 MAX_INFLIGHT = 16
@@ -37,9 +37,17 @@ PROMPTS = [
     [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
 ]
 REQUESTS = [
-    pb.GenerateStreamRequest(prompt_token_ids=prompt, max_new_tokens=new, sampling=sampling, speculation=pb.SpeculationParams(max_draft_tokens=k))
+    pb.GenerateStreamRequest(
+        prompt_token_ids=prompt,
+        max_new_tokens=new,
+        sampling=sampling,
+        speculation=pb.SpeculationParams(max_draft_tokens=k),
+    )
     for prompt, new, k in zip(PROMPTS, (24, 16, 32, 20), (4, 2, 3, 4))
-    for sampling in (common_pb2.SamplingParams(), common_pb2.SamplingParams(temperature=0.75, top_k=50, top_p=0.875, seed=len(prompt)))
+    for sampling in (
+        common_pb2.SamplingParams(),
+        common_pb2.SamplingParams(temperature=0.75, top_k=50, top_p=0.875, seed=len(prompt)),
+    )
 ]
 
 
@@ -55,7 +63,9 @@ class LoadStack:
         tiers.heal()
         self.port = tiers.loop.run(self._start_draft(0))
         try:
-            self.coordinator = Coordinator(tiers.loop, f"127.0.0.1:{self.port}", tiers.pool_name, EngineConfig(), max_inflight=MAX_INFLIGHT)
+            self.coordinator = Coordinator(
+                tiers.loop, f"127.0.0.1:{self.port}", tiers.pool_name, EngineConfig(), max_inflight=MAX_INFLIGHT
+            )
         except BaseException:
             tiers.loop.run(self.draft.stop(0))
             raise
@@ -104,7 +114,9 @@ def unloaded(stack):
 @dataclass
 class Tally:
     refused: int = 0  # RESOURCE_EXHAUSTED
-    completed: list[tuple[int, list[int], pb.GenerateStreamResponse]] = field(default_factory=list)  # (request index, tokens, final)
+    completed: list[tuple[int, list[int], pb.GenerateStreamResponse]] = field(
+        default_factory=list
+    )  # (request index, tokens, final)
     errors: list[str] = field(default_factory=list)  # any other ending of an admitted or refused call
 
 
@@ -190,18 +202,33 @@ def _check(stack: LoadStack, tally: Tally, watch: Watch, unloaded, label: str) -
 
     # Bounded memory on every tier, by the tiers' own high-water marks and by the samples.
     info = stack.actor_info()
-    assert all(core.stats.peak_sessions <= DRAFT.max_sessions and core.stats.peak_cached_tokens <= DRAFT.max_cached_tokens for core in stack.cores)
+    assert all(
+        core.stats.peak_sessions <= DRAFT.max_sessions and core.stats.peak_cached_tokens <= DRAFT.max_cached_tokens
+        for core in stack.cores
+    )
     assert info["max_sessions"] < MAX_INFLIGHT  # the actor cannot keep every admitted request's cache
-    assert info["peaks"]["sessions"] <= info["max_sessions"] and info["peaks"]["cached_tokens"] <= info["max_cached_tokens"]
+    assert (
+        info["peaks"]["sessions"] <= info["max_sessions"]
+        and info["peaks"]["cached_tokens"] <= info["max_cached_tokens"]
+    )
     assert info["peaks"]["queued"] <= MAX_INFLIGHT  # one round per admitted request at a time
     assert watch.peak("coordinator_in_flight") <= MAX_INFLIGHT
     assert watch.peak("draft_sessions") <= DRAFT.max_sessions and watch.peak("draft_tokens") <= DRAFT.max_cached_tokens
     assert watch.peak("draft_queue") <= DRAFT.max_queue
-    assert watch.peak("actor_sessions") <= info["max_sessions"] and watch.peak("actor_tokens") <= info["max_cached_tokens"]
+    assert (
+        watch.peak("actor_sessions") <= info["max_sessions"] and watch.peak("actor_tokens") <= info["max_cached_tokens"]
+    )
     assert sum(core.store.evicted.lru for core in stack.cores) > 0  # the bounds were pressed, not merely respected
 
     # Nothing left behind on any tier once the load is over.
-    until(lambda: stack.coordinator.leftovers() == {"in_flight": 0, "pool_sessions": 0, "pool_abandoned": 0, "draft_sessions": 0}, 10, "coordinator idle")
+    until(
+        lambda: (
+            stack.coordinator.leftovers()
+            == {"in_flight": 0, "pool_sessions": 0, "pool_abandoned": 0, "draft_sessions": 0}
+        ),
+        10,
+        "coordinator idle",
+    )
     assert len(stack.core.store) == 0 and stack.actor_info()["sessions"] == 0
     print(
         f"\n{label}: {len(tally.completed)} streams completed ({len(greedy)} greedy ones compared), {tally.refused} refused; "

@@ -21,19 +21,18 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-import coordinator.__main__ as coordinator_main
-import draft_service.__main__ as draft_main
-from coordinator import server as coordinator_server
-from coordinator.clients import DraftClient, DraftClientConfig
-from coordinator.server import MAX_MESSAGE_BYTES, SERVICE_NAME, GenerationServer, ServerConfig
-from coordinator.stack import StackConfig
-from draft_service import server as draft_server
+import specdec.coordinator.__main__ as coordinator_main
+import specdec.draft_service.__main__ as draft_main
 from specdec import cli
-from specdec.sampling import SamplingParams
-from specdec.trace_file import read_spans
-from specdec.v1 import draft_pb2, draft_pb2_grpc
+from specdec.coordinator import server as coordinator_server
+from specdec.coordinator.clients import DraftClient, DraftClientConfig
+from specdec.coordinator.server import MAX_MESSAGE_BYTES, SERVICE_NAME, GenerationServer, ServerConfig
+from specdec.core.sampling import SamplingParams
+from specdec.draft_service import server as draft_server
+from specdec.local.stack import StackConfig
+from specdec.telemetry.trace_file import read_spans
+from specdec.v1 import draft_pb2, draft_pb2_grpc, generation_pb2_grpc
 from specdec.v1 import generation_pb2 as pb
-from specdec.v1 import generation_pb2_grpc
 
 PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17]
 
@@ -46,7 +45,9 @@ def test_every_service_listens_on_loopback_by_default(monkeypatch):
     assert StackConfig().server.host == "127.0.0.1"
     assert coordinator_main.parse_config(["--draft", "d:1"], {}).server.host == "127.0.0.1"
     assert draft_main.parse_config([], {}).host == "127.0.0.1"
-    assert coordinator_main.parse_config(["--draft", "d:1", "--host", "0.0.0.0"], {}).server.host == "0.0.0.0"  # configurable
+    assert (
+        coordinator_main.parse_config(["--draft", "d:1", "--host", "0.0.0.0"], {}).server.host == "0.0.0.0"
+    )  # configurable
     assert draft_main.parse_config([], {"SPECDEC_DRAFT_HOST": "10.0.0.7"}).host == "10.0.0.7"
 
     seen = []
@@ -57,7 +58,7 @@ def test_every_service_listens_on_loopback_by_default(monkeypatch):
 
     # `specdec up` as typed, stopped before it starts anything (no tracing set up for the process).
     monkeypatch.setattr(cli, "_up", up)
-    monkeypatch.setattr("specdec.telemetry.configure_tracing", lambda *args, **kwargs: None)
+    monkeypatch.setattr("specdec.telemetry.tracing.configure_tracing", lambda *args, **kwargs: None)
     assert cli.main(["up", "--trace-file", ""]) == 0
     assert seen[0].server.host == "127.0.0.1" and seen[0].server.port == 50051
 
@@ -67,7 +68,12 @@ def test_every_service_listens_on_loopback_by_default(monkeypatch):
 
 def test_message_size_limits_are_set_on_every_server_and_client():
     options = dict(coordinator_server.SERVER_OPTIONS)
-    assert options["grpc.max_receive_message_length"] == options["grpc.max_send_message_length"] == MAX_MESSAGE_BYTES == 16 << 20
+    assert (
+        options["grpc.max_receive_message_length"]
+        == options["grpc.max_send_message_length"]
+        == MAX_MESSAGE_BYTES
+        == 16 << 20
+    )
     options = dict(draft_server.SERVER_OPTIONS)
     assert options["grpc.max_receive_message_length"] == 16 << 20
     # The draft server sends what the draft client accepts (dense q is 1 MiB per draft token).
@@ -80,15 +86,21 @@ def test_oversize_messages_are_resource_exhausted_on_both_ports(served):
     assert just_under.ByteSize() <= MAX_MESSAGE_BYTES
     with pytest.raises(grpc.RpcError) as info:
         served.stub.Generate(just_under, timeout=60)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details().startswith("prompt: ")  # received, then refused
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details().startswith(
+        "prompt: "
+    )  # received, then refused
     with pytest.raises(grpc.RpcError) as info:
         served.stub.Generate(pb.GenerateRequest(prompt="a" * (MAX_MESSAGE_BYTES + 1), max_new_tokens=4), timeout=60)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
     with grpc.insecure_channel(served.draft_address) as channel:
         with pytest.raises(grpc.RpcError) as info:
-            request = draft_pb2.ProposeRequest(session_id="big", new_tokens=[300] * (9 << 20), num_draft_tokens=2)  # 2 bytes an id: 18 MiB
-            draft_pb2_grpc.DraftServiceStub(channel).Propose(request, metadata=(("authorization", f"Bearer {served.draft_token}"),), timeout=30)
+            request = draft_pb2.ProposeRequest(
+                session_id="big", new_tokens=[300] * (9 << 20), num_draft_tokens=2
+            )  # 2 bytes an id: 18 MiB
+            draft_pb2_grpc.DraftServiceStub(channel).Propose(
+                request, metadata=(("authorization", f"Bearer {served.draft_token}"),), timeout=30
+            )
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     served.assert_healthy()
 
@@ -100,7 +112,7 @@ def self_signed(name: str = "localhost") -> tuple[bytes, bytes]:
     """(certificate PEM, private key PEM) for `name` and 127.0.0.1, valid for a day."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -109,11 +121,16 @@ def self_signed(name: str = "localhost") -> tuple[bytes, bytes]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
@@ -153,9 +170,26 @@ def test_a_tls_client_is_answered_and_a_plaintext_one_is_not(tls_server, served)
 
 def test_cli_generate_calls_over_tls_with_tls_ca(tls_server, capsys):
     address, root = tls_server
-    assert cli.main(["generate", "--address", address, "--tls-ca", str(root / "cert.pem"), "--max-new-tokens", "4", "--json", "abc abc"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "--address",
+                address,
+                "--tls-ca",
+                str(root / "cert.pem"),
+                "--max-new-tokens",
+                "4",
+                "--json",
+                "abc abc",
+            ]
+        )
+        == 0
+    )
     assert '"tokenIds"' in capsys.readouterr().out
-    assert cli.main(["generate", "--address", address, "--timeout", "10", "--max-new-tokens", "4", "abc"]) == 1  # plaintext to a TLS port
+    assert (
+        cli.main(["generate", "--address", address, "--timeout", "10", "--max-new-tokens", "4", "abc"]) == 1
+    )  # plaintext to a TLS port
     assert "UNAVAILABLE" in capsys.readouterr().err
     assert cli.main(["generate", "--address", address, "--tls-ca", str(root / "missing.pem"), "abc"]) == 2
 
@@ -163,7 +197,9 @@ def test_cli_generate_calls_over_tls_with_tls_ca(tls_server, capsys):
 def test_coordinator_flags_and_environment_give_the_tls_files(tls_server):
     _, root = tls_server
     cert, key = (root / "cert.pem").read_bytes(), (root / "key.pem").read_bytes()
-    config = coordinator_main.parse_config(["--draft", "d:1", "--tls-cert", str(root / "cert.pem"), "--tls-key", str(root / "key.pem")], {})
+    config = coordinator_main.parse_config(
+        ["--draft", "d:1", "--tls-cert", str(root / "cert.pem"), "--tls-key", str(root / "key.pem")], {}
+    )
     assert config.server.tls == (cert, key) and key.decode() not in repr(config)
     env = {"SPECDEC_COORDINATOR_TLS_CERT": str(root / "cert.pem"), "SPECDEC_COORDINATOR_TLS_KEY": str(root / "key.pem")}
     assert coordinator_main.parse_config(["--draft", "d:1"], env).server.tls == (cert, key)
@@ -171,7 +207,9 @@ def test_coordinator_flags_and_environment_give_the_tls_files(tls_server):
     with pytest.raises(SystemExit):
         coordinator_main.parse_config(["--draft", "d:1", "--tls-cert", str(root / "cert.pem")], {})  # no key
     with pytest.raises(SystemExit):
-        coordinator_main.parse_config(["--draft", "d:1", "--tls-cert", str(root / "nope"), "--tls-key", str(root / "nope")], {})
+        coordinator_main.parse_config(
+            ["--draft", "d:1", "--tls-cert", str(root / "nope"), "--tls-key", str(root / "nope")], {}
+        )
 
 
 # --- a token on the draft tier -----------------------------------------------------------------------------------------
@@ -185,7 +223,10 @@ def test_token_flags_and_environment_and_no_token_in_help_or_repr():
     config = coordinator_main.parse_config(["--draft", "d:1"], {"SPECDEC_COORDINATOR_DRAFT_AUTH_TOKEN": token})
     assert config.draft_auth_token == token and token not in repr(config)
     assert coordinator_main.parse_config(["--draft", "d:1", "--draft-auth-token", token], {}).draft_auth_token == token
-    for parser in (coordinator_main._parser({"SPECDEC_COORDINATOR_DRAFT_AUTH_TOKEN": token}), draft_main._parser({"SPECDEC_DRAFT_AUTH_TOKEN": token})):
+    for parser in (
+        coordinator_main._parser({"SPECDEC_COORDINATOR_DRAFT_AUTH_TOKEN": token}),
+        draft_main._parser({"SPECDEC_DRAFT_AUTH_TOKEN": token}),
+    ):
         assert token not in parser.format_help()
     assert token not in repr(draft_main.parse_config([], {"SPECDEC_DRAFT_AUTH_TOKEN": token}))
     assert token not in repr(DraftClientConfig(auth_token=token))
@@ -193,7 +234,7 @@ def test_token_flags_and_environment_and_no_token_in_help_or_repr():
 
 def _start_draft_server(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "draft_service", "--port", "0", "--metrics-port", "0"],
+        [sys.executable, "-m", "specdec.draft_service", "--port", "0", "--metrics-port", "0"],
         env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     line = process.stdout.readline().decode()
@@ -211,12 +252,20 @@ def test_draft_tier_token_refuses_calls_without_it_but_not_health_checks(tmp_pat
         with grpc.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             deadline = time.monotonic() + 30
-            while health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status != health_pb2.HealthCheckResponse.SERVING:
+            while (
+                health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+                != health_pb2.HealthCheckResponse.SERVING
+            ):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             stub = draft_pb2_grpc.DraftServiceStub(channel)
             request = draft_pb2.ProposeRequest(session_id="s1", new_tokens=PROMPT, num_draft_tokens=3)
-            for metadata in ((), (("authorization", "Bearer wrong"),), (("authorization", token),), (("authorization", f"Bearer {token}x"),)):
+            for metadata in (
+                (),
+                (("authorization", "Bearer wrong"),),
+                (("authorization", token),),
+                (("authorization", f"Bearer {token}x"),),
+            ):
                 with pytest.raises(grpc.RpcError) as info:
                     stub.Propose(request, metadata=metadata, timeout=10)
                 assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
@@ -249,7 +298,9 @@ def test_no_token_prompt_or_text_in_the_coordinators_logs_or_spans(served, caplo
     canary = "zq" * 5  # a prompt text that nothing else contains
     served.spans.clear()
     with caplog.at_level(logging.DEBUG):
-        response = served.stub.Generate(pb.GenerateRequest(prompt=f"{canary} {canary} {canary}", max_new_tokens=12), timeout=30)
+        response = served.stub.Generate(
+            pb.GenerateRequest(prompt=f"{canary} {canary} {canary}", max_new_tokens=12), timeout=30
+        )
     assert response.speculation.draft_tokens > 0  # the draft tier answered: the token went on every call
     assert any(r.getMessage().startswith("request id=") for r in caplog.records)
     spans = served.spans.get_finished_spans()

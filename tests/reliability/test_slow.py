@@ -14,9 +14,9 @@ from contextlib import contextmanager
 
 import grpc
 import pytest
-
-from coordinator.engine import EngineConfig
 from stackkit import REQUESTS, TTL_S, Stack, Streams, assert_same_output, percentile
+
+from specdec.coordinator.engine import EngineConfig
 
 ENGINE = EngineConfig(draft_timeout_s=0.25, draft_retry_s=0.5)
 # What a round may take beyond its draft budget on 2 shared cores (a verify of six sessions, the
@@ -174,4 +174,6 @@ def test_jittery_draft_for_half_a_minute(stack, expected):
     _assert_latency_bounded(outcomes, ENGINE.draft_timeout_s, "jittery draft")
     stack.assert_clean()
     gaps = [gap for o in outcomes for gap in o.gaps()]
-    print(f"\n{waves} waves, {len(outcomes)} streams, {len(gaps)} gaps: p50 {percentile(gaps, 0.5) * 1e3:.0f} ms, p99 {percentile(gaps, 0.99) * 1e3:.0f} ms")
+    print(
+        f"\n{waves} waves, {len(outcomes)} streams, {len(gaps)} gaps: p50 {percentile(gaps, 0.5) * 1e3:.0f} ms, p99 {percentile(gaps, 0.99) * 1e3:.0f} ms"
+    )

@@ -1,0 +1,65 @@
+"""The engine over the remote tiers: what `specdec coordinator` serves.
+
+`connect_engine` builds it from the draft client, the target pool and a `TargetInfo` made of the
+target's tokenizer (no weights: the coordinator never runs the model) and what the pool reports
+(vocabulary, context, EOS ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+
+from opentelemetry import trace
+from transformers import PreTrainedTokenizerBase
+
+from specdec.coordinator.clients import DraftClient
+from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
+from specdec.core.flag_types import AUTO
+from specdec.drafts.loading import load_tokenizer
+from specdec.runtime.models import EMBEDDED_NAME
+from specdec.target_service.pool import TargetPool
+
+
+@dataclass(frozen=True)
+class RemoteTarget:
+    """The engine's `TargetInfo` for a target model held by the pool, not by this process."""
+
+    tokenizer: PreTrainedTokenizerBase
+    eos_token_ids: frozenset[int]
+    vocab_size: int
+    max_context: int
+    name: str  # the model as the pool names it
+
+
+async def connect_engine(
+    draft: DraftClient,
+    pool: TargetPool,
+    target_model: str | None = None,
+    config: EngineConfig = EngineConfig(),
+    tracer: trace.Tracer | None = None,
+) -> SpeculativeEngine:
+    """The engine over both tiers. The tokenizer is loaded from `target_model`, or by default
+    from the model the pool reports (the same spec names the same files on every machine of a
+    deployment built from one image)."""
+    info = await pool.info()
+    if target_model is None and info["model"] != EMBEDDED_NAME:
+        target_model = info["model"]
+    tokenizer = await asyncio.to_thread(load_tokenizer, target_model)
+    target = RemoteTarget(
+        tokenizer, frozenset(info["eos_token_ids"]), info["vocab_size"], info["max_context"], info["model"]
+    )
+    if config.speculation_token_budget == AUTO:
+        config = replace(config, speculation_token_budget=auto_token_budget(info.get("device", "cpu")))
+    return SpeculativeEngine(draft, pool, target, config, tracer)
+
+
+# Target positions per pass on a CPU target: a pass over n positions costs about n single steps
+# beyond a few (the 262144 x 640 output projection turns compute-bound), so more than about 16
+# across the batch buys nothing (bench/README.md, concurrency). An accelerator is memory-bound far
+# beyond that: no budget there until one is measured.
+CPU_TOKEN_BUDGET = 16
+
+
+def auto_token_budget(device: str) -> int:
+    return CPU_TOKEN_BUDGET if device.startswith("cpu") else 0

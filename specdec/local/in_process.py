@@ -1,0 +1,113 @@
+"""In-process adapters: the Proposer and Verifier interfaces over the pure drafters and verifier.
+
+Tests and `specdec generate --in-process` run the engine through these; the remote clients
+implement the same two interfaces, so production runs the code the equality tests run. Model
+calls go to a worker thread (torch releases the GIL) and a lock keeps one call per model at a
+time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
+from specdec.core.acceptance import DraftProposal, Verification
+from specdec.core.draft_source import model_draft_limit
+from specdec.core.sampling import SamplingParams
+from specdec.draft_service.hybrid import HybridDrafter, parse_spec
+from specdec.draft_service.model_drafter import ModelDrafter
+from specdec.draft_service.ngram import NgramDrafter
+from specdec.drafts.loading import load_model
+from specdec.runtime.models import LoadedModel
+from specdec.target_service.verifier import TargetVerifier
+
+
+class _Serialized:
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    async def _call(self, fn, *args):
+        def locked():
+            with self._lock:
+                return fn(*args)
+
+        return await asyncio.to_thread(locked)
+
+
+class LocalModelProposer(_Serialized):
+    def __init__(self, drafter: ModelDrafter | HybridDrafter):
+        super().__init__()
+        self.drafter = drafter
+
+    async def propose(
+        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
+    ) -> DraftProposal:
+        if isinstance(self.drafter, HybridDrafter):
+            return await self._call(self.drafter.propose, session_id, tokens, k, sampling, model_k)
+        k = model_draft_limit(k, model_k)
+        return (
+            await self._call(self.drafter.propose, session_id, tokens, k, sampling)
+            if k > 0
+            else DraftProposal([], source="model")
+        )
+
+    async def end_session(self, session_id: str) -> None:
+        await self._call(self.drafter.end_session, session_id)
+
+
+class LocalNgramProposer:
+    """No model, no state: runs inline, it costs microseconds."""
+
+    def __init__(self, drafter: NgramDrafter | None = None):
+        self.drafter = drafter or NgramDrafter()
+
+    async def propose(
+        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
+    ) -> DraftProposal:
+        return DraftProposal(self.drafter.propose(tokens, k), source="ngram")
+
+    async def end_session(self, session_id: str) -> None:
+        return None
+
+
+class LocalVerifier(_Serialized):
+    def __init__(self, verifier: TargetVerifier):
+        super().__init__()
+        self.verifier = verifier
+
+    async def verify(
+        self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams
+    ) -> Verification:
+        return await self._call(self.verifier.verify, session_id, tokens, proposal, sampling)
+
+    async def end_session(self, session_id: str) -> None:
+        await self._call(self.verifier.end_session, session_id)
+
+
+def build_engine(
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    config: EngineConfig = EngineConfig(),
+    *,
+    hybrid: bool = False,
+    min_confidence: float | None = None,
+) -> SpeculativeEngine:
+    """The single-process engine; `draft` None means the n-gram drafter, `hybrid` prompt lookup
+    where the context repeats and the draft model elsewhere (draft_service/hybrid.py);
+    `min_confidence` as the draft service's (None: the draft's own)."""
+    if draft is None:
+        proposer = LocalNgramProposer()
+    else:
+        drafter = ModelDrafter(draft, min_confidence=min_confidence)
+        proposer = LocalModelProposer(HybridDrafter(drafter) if hybrid else drafter)
+    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
+
+
+def load_pair(target_model: str | None, draft_model: str | None) -> tuple[LoadedModel, LoadedModel | None]:
+    """Load the models the flags name: target None is the embedded default, draft "ngram" (or
+    None) is the model-free drafter, "hybrid:SPEC" loads SPEC (pass hybrid=True to build_engine)."""
+    target = load_model(target_model)
+    draft = None if draft_model in (None, "ngram") else load_model(parse_spec(draft_model) or draft_model)
+    return target, draft

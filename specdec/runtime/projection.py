@@ -1,0 +1,157 @@
+"""Linear layers computed the way the CPU is fast at: y = (W @ x^T)^T for one or two rows, and
+oneDNN's GEMM on a packed weight from three rows on.
+
+A causal LM's last step maps each kept position's hidden state h (d) onto the vocabulary with
+W (vocab x d). For Gemma 3 270M that is 262,144 x 640 fp32 (671 MB), most of a decode step. On
+this CPU, `F.linear(h, W)` with 2-9 rows of h picks a kernel that takes 105-150 ms, while the
+same product as `W @ h^T` takes 17-78 ms; and one row, which `F.linear` gives to a
+matrix-vector kernel (45-58 ms), is as fast as two as a 2-column product of the row with itself.
+The decoder layers' projections gain the same way.
+
+From three rows on, the product is compute-bound on 2 cores, and oneDNN's GEMM on a weight
+packed once into its blocked layout (`torch.ops.mkldnn`, what torch.compile uses on CPUs) is
+much faster: a Gemma 3 270M forward with its cache costs 62 / 60 / 61 / 71 ms for 3 / 4 / 5 / 9
+new positions against 68 / 70 / 82 / 147 ms as columns (interleaved medians, 2 cores, torch
+2.13), while 1-2 positions stay at 55 ms either way. So a verify pass with 2-8 drafts costs
+1.1-1.3 decode steps instead of 1.2-2.7, most of what speculation costs on a CPU. The packed copy
+is a second copy of each weight (the embedded target: 1.07 GB more), made at load time;
+`SPECDEC_PACKED_LINEAR=0` turns it off. Autograd (training) and other devices and dtypes use
+columns. Values differ from `F.linear` by float rounding only.
+
+`use_column_kernels(model)` switches every `nn.Linear` of a CPU model to this and `pack_weights`
+packs them (loading does both: `specdec.models`); `forward_logits` runs the model's base (the
+decoder stack) and projects only the kept rows; for architectures it does not know it falls
+back to the model's own forward.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+# Causal LMs whose forward is: base model -> keep rows -> lm_head (-> optional final softcap).
+_KNOWN = {"llama", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "mistral", "qwen2", "qwen3", "phi3"}
+_MAX_COLUMN_ROWS = 64  # beyond, F.linear's GEMM kernels are the better choice again
+# With 1-2 rows a product is a read of W, and columns read it faster than oneDNN does in a whole
+# forward (weights cold in cache: 54 against 60 ms a decode step; a single matrix timed alone, hot
+# in cache, says the opposite for the layers). From 3 rows on oneDNN wins.
+_PACKED_MIN_ROWS = 3
+_PACK_BATCH_HINT = 5  # rows oneDNN packs for: a verify pass with 4 drafts (10% faster than none)
+
+
+def forward_logits(model: PreTrainedModel, keep: int | torch.Tensor, **inputs) -> torch.Tensor:
+    """`model(**inputs, logits_to_keep=keep).logits`, with the projection done by `project`.
+    `keep`: the last `keep` positions, or a tensor of position indices. Returns (B, kept, vocab)."""
+    head = model.get_output_embeddings()
+    if model.config.model_type not in _KNOWN or type(head) not in (nn.Linear, _ColumnLinear):
+        return model(**inputs, logits_to_keep=keep).logits
+    hidden = model.base_model(**inputs).last_hidden_state  # (B, N, d)
+    hidden = hidden[:, -keep:] if isinstance(keep, int) else hidden[:, keep]
+    logits = project(head, hidden)
+    softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
+
+
+def project(head: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """head(hidden) for hidden (..., d), the fastest way this module knows (see the docstring)."""
+    return head(hidden) if isinstance(head, _ColumnLinear) else column_linear(hidden, head.weight, head.bias)
+
+
+def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), computed as (W @ x^T)^T when x has 1..64 rows on a CPU."""
+    rows = x.numel() // x.shape[-1]
+    if x.device.type != "cpu" or not 0 < rows <= _MAX_COLUMN_ROWS:
+        return nn.functional.linear(x, weight, bias)
+    flat = x.reshape(rows, x.shape[-1])
+    if rows == 1:
+        flat = flat.repeat(2, 1)  # a contiguous copy: an expanded (stride 0) row takes a slow path
+    elif not flat.is_contiguous():
+        # This function's own outputs are transposed views, and so are elementwise products of
+        # them (an MLP's act(gate) * up): with x^T contiguous the GEMM takes a path 3-4x slower.
+        flat = flat.contiguous()
+    out = (weight @ flat.T).T[:rows]  # (rows, out), a transposed view: no copy
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class _ColumnLinear(nn.Linear):
+    """nn.Linear whose forward is oneDNN's packed GEMM or `column_linear`: same parameters, same
+    state dict. The packed copy is made at load time (`pack_weights`), else at the first forward
+    that uses it, and again whenever the weight changed (its version counter or storage), so
+    loading trained weights into a module later (a pruned draft's layers) is never served stale."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        # A mismatched x goes to column_linear too, whose error names the shapes (oneDNN's does not).
+        if rows >= _PACKED_MIN_ROWS and x.shape[-1] == self.in_features and _packable(x, self.weight):
+            packed = self._packed_weight()
+            if packed is not None:
+                flat = x.reshape(rows, x.shape[-1]).contiguous()
+                out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
+                return out.reshape(*x.shape[:-1], out.shape[-1])
+        return column_linear(x, self.weight, self.bias)
+
+    def _packed_weight(self) -> torch.Tensor | None:
+        key = (self.weight.data_ptr(), self.weight._version, self.weight.shape)
+        cached = self.__dict__.get("_packed")  # not a buffer: no state dict entry, never moved by .to()
+        if cached is None or cached[0] != key:
+            try:
+                cached = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _PACK_BATCH_HINT))
+            except (RuntimeError, AttributeError):  # a build without oneDNN: columns it is
+                cached = (key, None)
+            self.__dict__["_packed"] = cached
+        return cached[1]
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed weight behind (an opaque oneDNN tensor; the copy
+        packs its own at its first forward)."""
+        state = dict(super().__getstate__())
+        state.pop("_packed", None)
+        return state
+
+
+def _packable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """oneDNN's packed path serves this product: fp32 on a CPU, no gradient wanted, not turned off."""
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return False  # training: autograd goes through column_linear
+    return _weight_packable(weight)
+
+
+def _weight_packable(weight: torch.Tensor) -> bool:
+    return (
+        _PACKED_ENABLED
+        and weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def pack_weights(model: nn.Module) -> nn.Module:
+    """Make every packed copy now rather than at its first use: packing the 262,144 x 640 output
+    projection takes about a second, and a verify pass that paid it taught the coordinator's cost
+    model that drafting 2+ tokens costs a second (its k then stayed at 1 for the whole run)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, _ColumnLinear) and _weight_packable(module.weight):
+                module._packed_weight()
+    return model
+
+
+_PACKED_ENABLED = os.environ.get("SPECDEC_PACKED_LINEAR", "1") != "0"
+
+
+def use_column_kernels(model: nn.Module) -> nn.Module:
+    """Switch every plain nn.Linear of `model` to `column_linear`, in place (a no-op off the CPU,
+    where column_linear is F.linear)."""
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = _ColumnLinear
+    return model

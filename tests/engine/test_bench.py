@@ -1,0 +1,54 @@
+"""Smoke test of the single-process benchmark on a tiny random model (seconds, no Gemma)."""
+
+from __future__ import annotations
+
+import json
+
+from specdec.bench.prompts import WORKLOADS, workload
+from specdec.bench.single_process import METHODS, main
+from specdec.runtime.tiny import make_tiny_model
+
+
+def test_workloads_are_deterministic_and_copy_prompts_quote_stdlib_code():
+    for name in WORKLOADS:
+        assert workload(name, 2) == workload(name, 2)
+    label, prompt = workload("copy", 1)[0]
+    assert "def " in prompt and prompt.endswith("```python\n"), label
+
+
+def test_bench_runs_all_methods_and_greedy_outputs_match(tmp_path):
+    model = make_tiny_model("llama", tmp_path / "m", seed=1)
+    out = tmp_path / "out.json"
+    # The tiny model has a 256-token context: keep the prompt tail short.
+    argv = [
+        "--target-model",
+        str(model),
+        "--max-new-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--prompts",
+        "1",
+        "--max-prompt-tokens",
+        "64",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+
+    results = json.loads(out.read_text())
+    assert set(results["workloads"]) == set(WORKLOADS)
+    assert len(results["prompts"]) == len(WORKLOADS)
+    for row in results["prompts"]:
+        assert row["prompt_tokens"] <= 64
+        assert row["new_tokens"] == 8  # EOS is off: every method generates exactly max_new_tokens
+        assert set(row["tokens_per_s"]) == set(METHODS) and all(v > 0 for v in row["tokens_per_s"].values())
+        assert all(len(times) == 1 for times in row["seconds"].values())
+        assert row["greedy_equal"] == {name: True for name in METHODS}
+        assert row["rounds"] >= 1 and 0.0 <= row["acceptance_rate"] <= 1.0
+        assert row["tokens_per_round"] >= 1.0
+        for key in ("speedup_ours", "speedup_hf", "accepted_per_position", "cpu_seconds"):
+            assert key in row
+    overall = results["overall"]
+    assert overall["greedy_equal"] == {name: True for name in METHODS}
+    assert overall["ours_over_peer"] > 0

@@ -1,0 +1,109 @@
+"""The `specdec` command as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+from google.protobuf import json_format
+from reference import target_only
+
+from specdec.cli.app import main
+from specdec.v1 import generation_pb2 as pb
+
+
+def test_generate_in_process_json_is_a_generate_response(tiny, tiny_dir, capsys):
+    path = tiny_dir("llama", 1)
+    code = main(
+        [
+            "generate",
+            "--in-process",
+            "--target-model",
+            path,
+            "--draft-model",
+            path,
+            "--max-new-tokens",
+            "12",
+            "--json",
+            "abc abc",
+        ]
+    )
+    assert code == 0
+    response = json_format.Parse(capsys.readouterr().out, pb.GenerateResponse())
+    target = tiny("llama", 1)
+    prompt = target.tokenizer("abc abc")["input_ids"]
+    assert list(response.token_ids) == target_only(target.model, prompt, 12, target.eos_token_ids)
+    assert response.usage.completion_tokens == len(response.token_ids)
+    assert response.usage.prompt_tokens == len(prompt)
+    assert (
+        response.speculation.draft_tokens > 0
+        and response.speculation.accepted_tokens == response.speculation.draft_tokens
+    )
+    assert response.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
+
+
+def test_generate_plain_output_reports_speed_and_acceptance(tiny_dir, capsys):
+    code = main(["generate", "--in-process", "--target-model", tiny_dir("gpt2", 1), "--max-new-tokens", "6", "hello"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "tokens/s" in err and "acceptance" in err
+
+
+def test_bad_flags_name_the_field(tiny_dir, capsys):
+    args = ["generate", "--in-process", "--target-model", tiny_dir("gpt2", 1), "hello"]
+    assert main(args + ["--temperature", "-1"]) == 2
+    assert "sampling.temperature" in capsys.readouterr().err
+    assert main(args + ["--max-new-tokens", "0"]) == 2
+    assert "max_new_tokens" in capsys.readouterr().err
+
+
+def test_demo_streams_through_the_local_stack_and_stops_every_part(ray_local, tiny, tiny_dir, capsys, monkeypatch):
+    from specdec.target_service.pool import NAMESPACE, PREFIX, actor_names
+    from specdec.telemetry import tracing
+
+    # The tracer provider is the process's to set, once: a test must not take it from later tests.
+    monkeypatch.setattr(tracing, "configure_tracing", lambda *args, **kwargs: None)
+    path = tiny_dir("llama", 1)
+    code = main(["demo", "--target-model", path, "--prompt", "abc abc abc", "--max-new-tokens", "16"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    target = tiny("llama", 1)
+    expected = target_only(target.model, target.tokenizer("abc abc abc")["input_ids"], 16, target.eos_token_ids)
+    assert (
+        "abc abc abc" + target.tokenizer.decode(expected, skip_special_tokens=True) + "\n" in out
+    )  # the prompt, then the stream
+    assert re.search(r"16 tokens in .* tokens/s \| \d+ rounds, acceptance .* trace \(tracing off\)\]", out), (
+        out
+    )  # ids: test_coordinator
+    pid = int(re.search(r"draft service .*process (\d+)\)", out).group(1))
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the draft server was stopped (and reaped)
+    assert actor_names(PREFIX, NAMESPACE) == []  # the target actor was killed
+    assert ray_local.is_initialized()  # a Ray the stack did not start is left running
+
+
+def test_coordinator_flags_and_environment_map_onto_the_config():
+    from specdec.coordinator.__main__ import parse_config
+
+    config = parse_config(
+        ["--draft", "127.0.0.1:50052", "--max-inflight", "3"],
+        {"SPECDEC_COORDINATOR_MAX_INFLIGHT": "9", "SPECDEC_COORDINATOR_PORT": "0"},
+    )
+    assert config.server.max_inflight == 3 and config.server.port == 0  # the flag wins over the environment
+    assert config.draft == "127.0.0.1:50052" and config.ray_address == "auto" and config.target_model is None
+    from_env = parse_config(
+        [], {"SPECDEC_COORDINATOR_DRAFT": "dns:///draft:50052", "SPECDEC_COORDINATOR_PIPELINE": "off"}
+    )
+    assert from_env.draft == "dns:///draft:50052" and not from_env.engine.pipeline and config.engine.pipeline
+    bad = (
+        ["--default-draft-tokens", "9", "--max-draft-tokens", "8"],
+        ["--port", "70000"],
+        ["--pipeline", "yes"],
+        ["--draft-timeout", "0"],
+    )
+    with pytest.raises(SystemExit):
+        parse_config([], {})  # --draft is required
+    for argv in bad:
+        with pytest.raises(SystemExit):
+            parse_config(["--draft", "x:1", *argv], {})
