@@ -1,4 +1,4 @@
-"""`python -m bench`: the benchmark suite (bench/suite/run.py), as `specdec bench`."""
+"""`python -m specdec.bench`: the benchmark suite (bench/suite/run.py), as `specdec bench`."""
 
 import sys
 

@@ -1,9 +1,9 @@
 """Draft tier over gRPC: Propose round-trip overhead, and draft throughput batched vs one at a time.
 
-  python -m bench.draft_rpc [--repeats 5] [--sessions 1,8,32] ...
+  python -m specdec.bench.draft_rpc [--repeats 5] [--sessions 1,8,32] ...
 
-Servers run as real `python -m draft_service` subprocesses on 127.0.0.1 (as in production, the
-coordinator is another process); the client side runs here.
+Servers run as real `python -m specdec.draft_service` subprocesses on 127.0.0.1 (as in
+production, the coordinator is another process); the client side runs here.
 
 Overhead: the same Propose (same session, same context, so the drafter does the same work each
 time) timed three ways: `DraftCore.propose` called in this process (the server's own work: the
@@ -55,7 +55,7 @@ SAMPLED_TOPK = SamplingParams(temperature=1.0, top_k=50, seed=1)
 
 @asynccontextmanager
 async def draft_server(model: str, max_batch: int = 32):
-    """`python -m draft_service` on a free port; yields its address once health says SERVING."""
+    """`python -m specdec.draft_service` on a free port; yields its address once health says SERVING."""
     argv = [
         sys.executable,
         "-m",
@@ -204,7 +204,8 @@ async def run(args) -> None:
         rows.append(await overhead_row(name, model, sampling, args))
         print(f"  measured: {name}", file=sys.stderr)
     print(
-        f"\nPropose round trip on loopback, k={args.k}, context {args.context} tokens; medians of {args.calls} calls, median over {args.repeats} repeats (microseconds)\n"
+        f"\nPropose round trip on loopback, k={args.k}, context {args.context} tokens; "
+        f"medians of {args.calls} calls, median over {args.repeats} repeats (microseconds)\n"
     )
     columns = [
         "case",
@@ -256,7 +257,7 @@ async def run(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.draft_rpc", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.draft_rpc", description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--calls", type=int, default=200, help="timed calls per overhead measurement")
     p.add_argument("--sessions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])

@@ -7,11 +7,12 @@ j-th token is judged only when the j-1 before it were right, i.e. on the true co
 where teacher forcing gives the very token it would draft). Each order of sources is walked round
 by round as the hybrid drafter would (draft_service/hybrid.py), and priced with a cost model in
 target steps: a round verifies 1 + drafted positions at 1 + verify_cost * drafted, and each model
-token costs draft_cost (one more step when its confidence stop ends the draft early). The hybrid's order came from
-this (bench/README.md, "Hybrid order").
+token costs draft_cost (one more step when its confidence stop ends the draft early). The
+hybrid's order (long match, short match, model) is chosen by this comparison (bench/README.md,
+"Hybrid order").
 
-    python -m bench.hybrid_order                    # embedded target, shipped draft, free prompts
-    python -m bench.hybrid_order --tokens 128 --k 4
+    python -m specdec.bench.hybrid_order            # embedded target, shipped draft, free prompts
+    python -m specdec.bench.hybrid_order --tokens 128 --k 4
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.bench.prompts import _FREE_CODE_PROMPTS, _FREE_PROSE_PROMPTS
+from specdec.bench.prompts import FREE_CODE_PROMPTS, FREE_PROSE_PROMPTS
 from specdec.draft_service.hybrid import HybridConfig
 from specdec.draft_service.ngram import NgramConfig, NgramDrafter
 
 ORDERS = {  # name: the sources tried in turn, the first that proposes anything answers
     "ngram": ("ngram",),
     "long>short": ("long", "short"),
-    "long>model>short": ("long", "model", "short"),  # the hybrid before this comparison
-    "long>short>model": ("long", "short", "model"),  # the hybrid now
+    "long>model>short": ("long", "model", "short"),  # the model ahead of short matches
+    "long>short>model": ("long", "short", "model"),  # the hybrid's order (draft_service/hybrid.py)
     "model": ("model",),
 }
 
@@ -144,14 +145,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--verify-cost",
         type=float,
         default=0.15,
-        help="target steps per extra verified position (default 0.15, measured before the packed kernels; about 0.03 with them)",
+        help="target steps per extra verified position "
+        "(default 0.15, the cost without oneDNN's packed kernels; about 0.03 with them)",
     )
     parser.add_argument(
         "--draft-cost", type=float, default=0.11, help="target steps per model draft token (default 0.11)"
     )
     args = parser.parse_args(argv)
     target, draft = load_model(args.target_model), load_model(args.draft_model)
-    prompts = [prompt for _, prompt in _FREE_PROSE_PROMPTS + _FREE_CODE_PROMPTS]
+    prompts = [prompt for _, prompt in FREE_PROSE_PROMPTS + FREE_CODE_PROMPTS]
     case_list = cases(target, draft, prompts, args.tokens)
     print(f"{len(case_list)} free prompts x {args.tokens} greedy tokens, k = {args.k}, model k = {args.model_k}")
     print(f"{'order':18} {'speedup':>8}  first token right / rounds, per source")

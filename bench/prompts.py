@@ -49,7 +49,7 @@ _EDIT_TEMPLATE = (
 
 # Openers to continue, not instructions: the embedded Gemma 3 270M is a base model (no chat
 # template) and answers an instruction by repeating it, which would turn them into copy prompts.
-_FREE_PROSE_PROMPTS = (
+FREE_PROSE_PROMPTS = (
     ("trains", "Trains run on rails rather than roads for several reasons. First,"),
     ("bicycle", "The history of the bicycle begins in the early nineteenth century, when"),
     ("lisbon", "My first week in Lisbon was a blur of steep streets, yellow trams and"),
@@ -58,7 +58,7 @@ _FREE_PROSE_PROMPTS = (
 )
 
 # Code to continue: the body is not in the prompt.
-_FREE_CODE_PROMPTS = (
+FREE_CODE_PROMPTS = (
     ("fibonacci", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
     (
         "stack_class",
@@ -66,12 +66,13 @@ _FREE_CODE_PROMPTS = (
     ),
     (
         "word_count",
-        'import collections\n\n\ndef word_count(path):\n    """Count the words in a text file; return the ten most common."""\n',
+        "import collections\n\n\ndef word_count(path):\n"
+        '    """Count the words in a text file; return the ten most common."""\n',
     ),
 )
 
 # The free workload of the older benchmarks (bench/single_process.py, bench/stack.py): the prose, then one code opener.
-_FREE_PROMPTS = _FREE_PROSE_PROMPTS + _FREE_CODE_PROMPTS[:1]
+_FREE_PROMPTS = FREE_PROSE_PROMPTS + FREE_CODE_PROMPTS[:1]
 
 
 def stdlib_source(module: str, qualname: str) -> str:
@@ -121,7 +122,7 @@ def suite_workload(name: str, n: int) -> list[tuple[str, str]]:
     edits = edit_prompts()
     # An edit of a function already rewritten would be half a repeat: each function once.
     copy = _interleave(rewrites[0::2], edits[1::2])
-    free = _interleave(list(_FREE_PROSE_PROMPTS), list(_FREE_CODE_PROMPTS))
+    free = _interleave(list(FREE_PROSE_PROMPTS), list(FREE_CODE_PROMPTS))
     prompts = {"copy": copy, "free": free, "mixed": _interleave(copy, free)}.get(name)
     if prompts is None:
         raise ValueError(f"unknown workload {name!r}; expected one of {SUITE_WORKLOADS}")

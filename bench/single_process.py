@@ -15,7 +15,7 @@ min_new_tokens instead would change transformers' argmax at positions where EOS 
 the token-for-token comparison. All methods get the same prompt token ids, and every output is
 checked against ours_k0: greedy speculation must not change a single token.
 
-  specdec bench -- [flags]   or   python -m bench.single_process [flags]
+  python -m specdec.bench.single_process [flags]
 """
 
 from __future__ import annotations
@@ -168,7 +168,8 @@ def _line(label: str, row: dict) -> str:
     equal = all(row["greedy_equal"].values())
     ours_over_peer = row["speedup_ours"] / row["speedup_hf"]
     return (
-        f"{label[:36]:<36} {tps['ours_k0']:>8.2f} {tps['ours_ngram']:>8.2f} {tps['hf_greedy']:>8.2f} {tps['hf_pld']:>8.2f} "
+        f"{label[:36]:<36} {tps['ours_k0']:>8.2f} {tps['ours_ngram']:>8.2f} "
+        f"{tps['hf_greedy']:>8.2f} {tps['hf_pld']:>8.2f} "
         f"{row['speedup_ours']:>6.2f}x {row['speedup_hf']:>6.2f}x {ours_over_peer:>7.2f} "
         f"{row['acceptance_rate']:>7.0%} {row['tokens_per_round']:>7.2f} {'yes' if equal else 'NO':>5}"
     )
@@ -205,10 +206,12 @@ def _git_commit() -> str | None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    if argv[:1] == ["--"]:  # `specdec bench -- --k 6`: the separator the CLI's REMAINDER needs
+    if argv[:1] == ["--"]:  # the separator a wrapping CLI's REMAINDER passes on (`-- --k 6`)
         argv = argv[1:]
     p = argparse.ArgumentParser(
-        prog="specdec bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m specdec.bench.single_process",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens every method generates (default 64)")
     p.add_argument(

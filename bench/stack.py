@@ -14,14 +14,14 @@ decodes greedily and generates exactly --max-new-tokens tokens (EOS off, as in
 bench/single_process.py), and every output is checked against single_k0 token for token.
 
 Drafters (--drafter, repeatable): `ngram` (prompt lookup, no model), `first:N` (a draft cut
-from the target: its first N layers and final norm, untrained, specdec/truncate.py; no smaller
-model sharing Gemma 3's tokenizer ships here), or any model spec.
+from the target: its first N layers and final norm, untrained, specdec/drafts/truncate.py; no
+smaller model sharing Gemma 3's tokenizer ships here), or any model spec.
 
 Where the time goes comes from the engine's own clocks (SpeculationStats): waiting for drafts,
 waiting for verification, the coordinator's own work in between, and, for the stack, what lies
 outside the engine (gRPC, tokenization, the client).
 
-  python -m bench.stack [flags]
+  python -m specdec.bench.stack [flags]
 """
 
 from __future__ import annotations
@@ -294,8 +294,10 @@ def _line(label: str, row: dict) -> str:
     t = row["tokens_per_s"]
     equal = all(row["greedy_equal"].values())
     return (
-        f"{label[:30]:<30} {t['single_k0']:>8.2f} {t['single_spec']:>8.2f} {t['stack_k0']:>8.2f} {t['stack_spec']:>8.2f} {t['stack_serial']:>8.2f} "
-        f"{row['speedup_stack']:>6.2f}x {row['stack_over_single']:>6.2f} {row['stack_over_single_k0']:>7.2f} {row['pipelining_gain']:>5.2f}x "
+        f"{label[:30]:<30} {t['single_k0']:>8.2f} {t['single_spec']:>8.2f} "
+        f"{t['stack_k0']:>8.2f} {t['stack_spec']:>8.2f} {t['stack_serial']:>8.2f} "
+        f"{row['speedup_stack']:>6.2f}x {row['stack_over_single']:>6.2f} "
+        f"{row['stack_over_single_k0']:>7.2f} {row['pipelining_gain']:>5.2f}x "
         f"{row['acceptance_rate']:>6.0%} {row['tokens_per_round']:>7.2f} {'yes' if equal else 'NO':>5}"
     )
 
@@ -318,7 +320,8 @@ def print_tables(results: dict, out=sys.stdout) -> None:
         for m in METHODS:
             s = overall["time_split"][m]
             print(
-                f"{m:<14} {s['draft']:>6.1%} {s['verify']:>6.1%} {s['coordinator']:>6.1%} {s['outside']:>7.1%} {overall['verify_ms_per_round'][m]:>15.1f}",
+                f"{m:<14} {s['draft']:>6.1%} {s['verify']:>6.1%} {s['coordinator']:>6.1%} {s['outside']:>7.1%} "
+                f"{overall['verify_ms_per_round'][m]:>15.1f}",
                 file=out,
             )
     bad = [
@@ -334,7 +337,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     p = argparse.ArgumentParser(
-        prog="python -m bench.stack",
+        prog="python -m specdec.bench.stack",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -9,7 +9,7 @@ The draft server and the actor sample by their parent (the SDK default), so an u
 records no span in any process: the two arms differ exactly by tracing. Prometheus metrics are
 on in both. Runs alternate in a fresh seeded order each repeat; the table shows medians.
 
-  python -m bench.tracing [flags]
+  python -m specdec.bench.tracing [flags]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ ARMS = ("traced", "untraced")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.tracing", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.tracing", description=__doc__.split("\n\n")[0])
     p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
     p.add_argument("--drafter", default="ngram", help="the draft server's model (default ngram)")
     p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")

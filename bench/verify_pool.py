@@ -1,6 +1,6 @@
 """Target tier: verify latency vs k, and verified tokens/s batched vs one at a time, in-process and over Ray.
 
-  python -m bench.verify_pool [--repeats 5] [--models tiny,gemma] [--no-ray] [--quick] [--json PATH]
+  python -m specdec.bench.verify_pool [--repeats 5] [--models tiny,gemma] [--no-ray] [--quick] [--json PATH]
 
 Per model (a tiny random llama, and the embedded Gemma 3 270M in fp32):
 
@@ -9,8 +9,9 @@ Per model (a tiny random llama, and the embedded Gemma 3 270M in fp32):
     the context minus its last token and scores [last token, x_1..x_k] (k+1 positions). The
     drafts are random but x_1 is never the target's next token, so every round rejects at x_1
     and the session's context never grows (after an accepted draft the actor would hold more
-    than the re-sent context, which the pool's protocol does not allow). With Ray, the same rounds through `TargetPool.verify` on an
-    actor with nothing else queued (batch 1); overhead = pool - in-process.
+    than the re-sent context, which the pool's protocol does not allow). With Ray, the same
+    rounds through `TargetPool.verify` on an actor with nothing else queued (batch 1);
+    overhead = pool - in-process.
 (b) Throughput. N sessions (contexts of about --context tokens, lengths differ) each verify one
     round of k = --k per step: scored positions ("verified tokens", k+1 per round) per second.
     Batched = one `verify_batch` over all N; one at a time = a loop of `verify`. Session i's
@@ -331,7 +332,8 @@ def _table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 def report(result: dict, args, ray: bool) -> None:
     print(f"\n## {result['model']}\n")
     print(
-        f"Verify latency vs k, one session, context {args.context} tokens cached; per-repeat median round, median over {args.repeats} repeats\n"
+        f"Verify latency vs k, one session, context {args.context} tokens cached; "
+        f"per-repeat median round, median over {args.repeats} repeats\n"
     )
     columns = [
         ("k", "k", "{}"),
@@ -344,7 +346,8 @@ def report(result: dict, args, ray: bool) -> None:
     if ray:
         print(f"\nRay floor (an `info` call, no model work): {result['ray_floor_ms']:.2f} ms")
     print(
-        f"\nVerified tokens/s (scored positions, k+1 = {args.k + 1} per round), N sessions one round each per step; median over {args.repeats} repeats\n"
+        f"\nVerified tokens/s (scored positions, k+1 = {args.k + 1} per round), "
+        f"N sessions one round each per step; median over {args.repeats} repeats\n"
     )
     columns = [
         ("sessions", "sessions", "{}"),
@@ -361,7 +364,8 @@ def report(result: dict, args, ray: bool) -> None:
         ]
     print(_table(result["throughput"], columns))
     print(
-        f"\nbatched == one at a time (accepted ids, every repeat): {result['identical']}; accepted per session {result['num_accepted']}"
+        f"\nbatched == one at a time (accepted ids, every repeat): {result['identical']}; "
+        f"accepted per session {result['num_accepted']}"
     )
     if ray:
         print(f"pool batched == pool max_batch 1 == target's first token: {result['pool_identical']}")
@@ -384,7 +388,7 @@ async def run_model(name: str, root: Path, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.verify_pool", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.verify_pool", description=__doc__.split("\n")[0])
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--models", type=lambda s: s.split(","), default=["tiny", "gemma"], help="tiny, gemma")
     p.add_argument("--repeats", type=int, default=5)
@@ -412,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         meta = {
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, fp32, {args.threads} thread(s)",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, fp32, "
+            f"{args.threads} thread(s)",
             "argv": sys.argv[1:] if argv is None else argv,
             "k": args.k,
             "context": args.context,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.coordinator.engine import EngineConfig
+from specdec.coordinator.flags import add_engine_flags, engine_config
 from specdec.coordinator.server import ServerConfig
 from specdec.core import flag_types
 
@@ -44,20 +45,25 @@ class CoordinatorConfig:
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     from specdec.target_service.pool import NAMESPACE, PREFIX
 
-    server, engine = ServerConfig(), EngineConfig()
+    server = ServerConfig()
     p = argparse.ArgumentParser(
         prog="specdec coordinator",
-        description=f"Serve specdec.v1.GenerationService over a draft tier and a target pool. Each flag may also be set by {ENV_PREFIX}<FLAG>.",
+        description="Serve specdec.v1.GenerationService over a draft tier and a target pool. "
+        f"Each flag may also be set by {ENV_PREFIX}<FLAG>.",
     )
 
-    def flag(name: str, default, type, help: str, required: bool = False, secret: bool = False) -> None:
+    def flag(
+        name: str, default, type, help: str, metavar: str | None = None, required: bool = False, secret: bool = False
+    ) -> None:
         env = ENV_PREFIX + name.upper().replace("-", "_")
+        # argparse runs `type` on string defaults, so an environment value is checked like a flag.
         default = environ.get(env, default)
         shown = ("set" if default else "unset") if secret else default  # --help never prints a token
         p.add_argument(
             f"--{name}",
             default=default,
             type=type,
+            metavar=metavar,
             required=required and default is None,
             help=f"{help} [env {env}; default {shown}]",
         )
@@ -76,49 +82,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
     flag("metrics-port", METRICS_PORT, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one")
-    flag("max-draft-tokens", engine.max_draft_tokens, flag_types.positive_int, "largest k a request may ask for")
-    flag(
-        "default-draft-tokens",
-        engine.default_draft_tokens,
-        flag_types.nonnegative_int,
-        "k for requests that leave it unset",
-    )
-    flag(
-        "max-inflight",
-        server.max_inflight,
-        flag_types.positive_int,
-        "requests generating at once; more get RESOURCE_EXHAUSTED",
-    )
-    flag(
-        "pipeline",
-        "on" if engine.pipeline else "off",
-        flag_types.on_off,
-        "'on': draft round r+1 while round r is verified",
-    )
-    flag(
-        "adaptive",
-        "on" if engine.adaptive else "off",
-        flag_types.on_off,
-        "'on': each round's k from the request's acceptance and the measured costs, at most the request's max",
-    )
-    flag(
-        "speculation-max-running",
-        engine.speculation_max_running,
-        flag_types.nonnegative_int,
-        "with more requests generating than this, rounds run without drafts (target saturated); 0: never",
-    )
-    flag(
-        "speculation-token-budget",
-        "auto",
-        flag_types.nonnegative_int_or_auto,
-        "target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0: no budget; auto: 16 on a CPU target, none on a GPU",
-    )
-    flag(
-        "draft-timeout",
-        engine.draft_timeout_s,
-        flag_types.positive_seconds,
-        "a proposal later than this is dropped (that round runs with k = 0)",
-    )
+    add_engine_flags(flag)
     flag("grace", server.grace_s, flag_types.seconds, "seconds calls in flight get to finish after SIGTERM")
     flag("tls-cert", None, str, "PEM certificate chain file: serve TLS (with --tls-key) instead of plaintext")
     flag("tls-key", None, str, "PEM private key file of --tls-cert")
@@ -135,10 +99,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> CoordinatorConfig:
     p = _parser(environ)
     args = p.parse_args(argv)
-    if args.default_draft_tokens > args.max_draft_tokens:
-        p.error(
-            f"--default-draft-tokens {args.default_draft_tokens} exceeds --max-draft-tokens {args.max_draft_tokens}"
-        )
+    engine = engine_config(args, p.error)
     tls = None
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
@@ -157,15 +118,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         server=ServerConfig(
             host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace, tls=tls
         ),
-        engine=EngineConfig(
-            default_draft_tokens=args.default_draft_tokens,
-            max_draft_tokens=args.max_draft_tokens,
-            pipeline=args.pipeline,
-            adaptive=args.adaptive,
-            speculation_max_running=args.speculation_max_running,
-            speculation_token_budget=args.speculation_token_budget,
-            draft_timeout_s=args.draft_timeout,
-        ),
+        engine=engine,
         draft_auth_token=args.draft_auth_token or None,
     )
 
@@ -189,9 +142,11 @@ async def serve(config: CoordinatorConfig) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        tls = " (TLS)" if config.server.tls else ""
+        actors = f"{len(pool.actors)} actor{'s' if len(pool.actors) != 1 else ''}"
         print(
-            f"coordinator listening on {config.server.host}:{port}{' (TLS)' if config.server.tls else ''} | draft {config.draft} | "
-            f"target pool {config.target_pool} ({len(pool.actors)} actor{'s' if len(pool.actors) != 1 else ''}, {engine.target.name})",
+            f"coordinator listening on {config.server.host}:{port}{tls} | draft {config.draft} | "
+            f"target pool {config.target_pool} ({actors}, {engine.target.name})",
             flush=True,
         )
         print(f"coordinator metrics on {metrics.address}", flush=True)

@@ -33,10 +33,10 @@ from specdec.core.acceptance import DraftProposal
 from specdec.core.draft_source import model_draft_limit
 from specdec.core.packing import unpack_probs
 from specdec.core.sampling import SamplingParams
+from specdec.core.wire import MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_BYTES, SESSION_MISS, channel_options
 from specdec.runtime.kv_cache import common_prefix
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
-SESSION_MISS = "session miss"  # the server's FAILED_PRECONDITION prefix (draft_service/server.py)
 _DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 
 
@@ -47,9 +47,8 @@ class DraftClientConfig:
     keepalive_timeout_s: float = 10.0  # a ping unanswered this long closes the connection
     resolve_every_s: float = 30.0  # re-resolve a dns:/// target this often (pods come and go)
     probs_encoding: int = common_pb2.DRAFT_PROBS_ENCODING_UNSPECIFIED  # the server picks the smaller exact form
-    # Dense fp32 q over Gemma 3's vocabulary is 1 MiB per draft token: far above gRPC's 4 MiB default.
-    max_receive_bytes: int = 256 << 20
-    max_send_bytes: int = 16 << 20  # a Propose carries token ids: a context at most
+    max_receive_bytes: int = MAX_PROPOSE_RESPONSE_BYTES  # a response may carry dense q
+    max_send_bytes: int = MAX_PROPOSE_REQUEST_BYTES  # a Propose carries token ids: a context at most
     # gRPC's default reconnect backoff starts at 1 s and grows to 120 s; a restarted draft pod is
     # back in seconds, and until the channel reconnects every request decodes without drafts.
     reconnect_backoff_s: tuple[float, float] = (0.2, 5.0)  # (first, largest)
@@ -188,16 +187,13 @@ class DraftClient:
         self._addresses = addresses
 
     def _open(self, address: str) -> None:
-        options = (
-            ("grpc.keepalive_time_ms", int(self.config.keepalive_time_s * 1000)),
-            ("grpc.keepalive_timeout_ms", int(self.config.keepalive_timeout_s * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.max_receive_message_length", self.config.max_receive_bytes),
-            ("grpc.max_send_message_length", self.config.max_send_bytes),
-            ("grpc.initial_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[0] * 1000)),
-            ("grpc.min_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[0] * 1000)),
-            ("grpc.max_reconnect_backoff_ms", int(self.config.reconnect_backoff_s[1] * 1000)),
+        c = self.config
+        options = channel_options(
+            keepalive_time_s=c.keepalive_time_s,
+            keepalive_timeout_s=c.keepalive_timeout_s,
+            max_receive_bytes=c.max_receive_bytes,
+            max_send_bytes=c.max_send_bytes,
+            reconnect_backoff_s=c.reconnect_backoff_s,
         )
         # The OpenTelemetry interceptor opens a client span per call and sends its context in the
         # metadata, so the draft server's span joins the round's trace.

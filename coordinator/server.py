@@ -36,6 +36,7 @@ from opentelemetry import trace
 from specdec.coordinator import metrics
 from specdec.coordinator.convert import request_from_proto, response_to_proto
 from specdec.coordinator.engine import Delta, SpeculationStats, SpeculativeEngine
+from specdec.core import wire
 from specdec.core.errors import InvalidArgument
 from specdec.target_service.pool import TargetUnavailable
 from specdec.v1 import generation_pb2 as pb
@@ -47,19 +48,7 @@ log = logging.getLogger(__name__)
 # A prompt as long as any model's context is well under 1 MiB of text; grpc's own default (4 MiB
 # in, unbounded out) would let a response grow without limit.
 MAX_MESSAGE_BYTES = 16 << 20
-
-# Clients may keep idle connections alive with pings (the draft client pings every 30 s); allow
-# them rather than answer GOAWAY "too_many_pings". A busy port fails instead of being shared.
-SERVER_OPTIONS = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.so_reuseport", 0),
-)
+SERVER_OPTIONS = wire.server_options(MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -138,7 +127,8 @@ class _Call:
         acceptance = f"{s.acceptance_rate:.3f}" if s is not None and s.draft_tokens else "-"
         return (
             f"request id={self.id} trace_id={self.trace_id or '-'} method={method} code={self.code.name} "
-            f"finish={self.finish_reason or '-'} prompt_tokens={self.prompt_tokens} completion_tokens={self.completion_tokens} "
+            f"finish={self.finish_reason or '-'} prompt_tokens={self.prompt_tokens} "
+            f"completion_tokens={self.completion_tokens} "
             f"rounds={s.rounds if s else 0} acceptance={acceptance} duration_s={time.perf_counter() - self.started:.3f}"
         )
 
@@ -269,11 +259,10 @@ async def _bounded(task: asyncio.Task, timeout_s: float | None) -> None:
     """Wait for `task` (one call's engine) at most `timeout_s`. Whatever ends the wait early (the
     deadline, or this handler being cancelled) cancels the task once and waits for it to finish.
 
-    The engine's `finally` ends the request's sessions on both tiers, and a second cancellation
-    arriving during those awaits would cut it short and leave sessions behind until their TTL. At
-    a deadline, grpc cancels the handler at about the moment our own timeout fires: with the engine
-    in the handler's task, that double cancellation left sessions on both tiers within a few dozen
-    calls (measured, deadlines of 2-40 ms). In a task of its own the engine is cancelled once.
+    The engine runs in a task of its own so that it is cancelled once: its `finally` ends the
+    request's sessions on both tiers, and a second cancellation during those awaits would leave
+    them behind until their TTL. At a deadline grpc cancels the handler at about the moment our own
+    timeout fires (measured: run in the handler's task, sessions were left within a few dozen calls).
     """
     try:
         await asyncio.wait_for(asyncio.shield(task), timeout_s)

@@ -24,7 +24,8 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     server = ServerConfig()
     p = argparse.ArgumentParser(
         prog="specdec draft",
-        description=f"Serve the draft tier (specdec.v1.DraftService over gRPC). Each flag may also be set by {ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}MAX_BATCH.",
+        description="Serve the draft tier (specdec.v1.DraftService over gRPC). "
+        f"Each flag may also be set by {ENV_PREFIX}<FLAG>, e.g. {ENV_PREFIX}MAX_BATCH.",
     )
 
     def flag(name: str, default, type, help: str) -> None:
@@ -38,7 +39,8 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "draft-model",
         server.draft_model,
         str,
-        "local dir, .gguf file, hub id, 'ngram' (prompt lookup, no model), or 'hybrid:<model>' (prompt lookup where the context repeats, the model elsewhere)",
+        "local dir, .gguf file, hub id, 'ngram' (prompt lookup, no model), "
+        "or 'hybrid:<model>' (prompt lookup where the context repeats, the model elsewhere)",
     )
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
@@ -75,7 +77,8 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "min-confidence",
         "auto",
         flag_types.probability_or_auto,
-        "greedy model drafts stop before a token the draft gives less probability than this; 0 = off, auto = the draft's own (a distilled draft's draft.json), else off",
+        "greedy model drafts stop before a token the draft gives less probability than this; "
+        "0 = off, auto = the draft's own (a distilled draft's draft.json), else off",
     )
     flag("grace", server.grace_s, flag_types.seconds, "seconds in-flight calls get to finish after SIGTERM")
     flag(
@@ -88,7 +91,8 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "auth-token",
         None,
         str,
-        "calls but health checks must carry 'authorization: Bearer <token>' (prefer the env variable: flags show in ps)",
+        "calls but health checks must carry 'authorization: Bearer <token>' "
+        "(prefer the env variable: flags show in ps)",
     )
     return p
 

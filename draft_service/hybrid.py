@@ -3,12 +3,10 @@
 When the context's last `min_match` tokens occurred before, the tokens that followed that
 occurrence are a better guess than a small model's (copies in code edits, quotes, RAG answers),
 and they cost microseconds instead of k model steps. A shorter match (1 to min_match - 1 tokens)
-comes next, and the model drafts only where the context's last token never occurred before.
-That order is measured, not assumed: on the benchmark's free-continuation prompts, teacher-forced
-on the target's own greedy text, a short match's first token was the target's 44-51% of the time
-and the shipped draft's 29-41%, and the short match costs nothing; with the model ahead of short
-matches the hybrid ran at 0.94-0.98x the n-gram drafter there (bench/README.md, "Hybrid order").
-The choice is made per round.
+comes next, and the model drafts only where the context's last token never occurred before: a
+short match costs nothing and its first token is the target's more often than the shipped
+draft's (44-51% against 29-41% on the benchmark's free-continuation prompts; bench/README.md,
+"Hybrid order"). The choice is made per round.
 
 Mixing is exact: the acceptance rule judges each round on its own. A lookup round is a point
 mass (draft_probs None: accept iff the target's own keyed draw equals the draft), a model round
@@ -16,7 +14,7 @@ carries its q; both leave each output token distributed as the target's, so a re
 between them from one round to the next. Greedy rounds compare argmaxes either way.
 
 The model's KV cache simply skips lookup rounds: its next call finds the common prefix with the
-context (`specdec.kv_cache.resume`) and feeds the tokens committed meanwhile.
+context (`specdec.runtime.kv_cache.resume`) and feeds the tokens committed meanwhile.
 """
 
 from __future__ import annotations

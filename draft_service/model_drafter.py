@@ -8,10 +8,10 @@ at its absolute position, and q travels with the proposal for the acceptance tes
 Greedy drafts stop early at the first token the draft itself is unsure of (its probability below
 `min_confidence`, as transformers' assisted generation does with assistant_confidence_threshold):
 a weak draft's confident guesses are right far more often than its average one (the distilled
-2-layer draft on the free-continuation prompts: 23% of all its greedy tokens are the target's,
-40% of those it gives at least 0.3, 14% of the rest), and an unsure token costs a verify
-position that it rarely pays back. The stop depends on the draft alone, so greedy output is
-unchanged. Sampled requests keep their k: their output depends on how the drafts were cut.
+draft on free continuation: 40% of the tokens it gives at least 0.3 are the target's, 14% of
+the rest), and an unsure token costs a verify position that it rarely pays back. The stop
+depends on the draft alone, so greedy output is unchanged. Sampled requests keep their k: their
+output depends on how the drafts were cut.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class ModelDrafter:
         # Any mapping works: the draft server passes a bounded store (LRU, TTL), where an evicted
         # session is simply a cache miss that `resume` answers with a fresh prefill.
         self.sessions = sessions if sessions is not None else {}
-        # A pruned-vocabulary draft (specdec.pruned_draft): warp only its own columns. Same q (it is
-        # zero elsewhere either way), but top-p sorts 32,768 logits instead of 262,144.
+        # A pruned-vocabulary draft (specdec.drafts.pruned_draft): warp only its own columns. Same q
+        # (it is zero elsewhere either way), but top-p sorts 32,768 logits instead of 262,144.
         self._vocab_ids = getattr(loaded.model.get_output_embeddings(), "vocab_ids", None)
 
     def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:

@@ -28,6 +28,7 @@ from specdec.core import draft_source
 from specdec.core.errors import InvalidArgument
 from specdec.core.packing import pack_probs
 from specdec.core.sampling import SamplingParams
+from specdec.core.wire import MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_BYTES, SESSION_MISS, server_options
 from specdec.draft_service import metrics
 from specdec.draft_service.service import (
     DeadlineExpired,
@@ -42,28 +43,12 @@ from specdec.telemetry.metrics import MetricsServer
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
-SESSION_MISS = "session miss"  # prefix of the FAILED_PRECONDITION message; clients match on it
 _KNOWN_ENCODINGS = frozenset(common_pb2.DraftProbsEncoding.values())
 # Packing a dense Gemma-vocabulary q (1 MiB per row) takes milliseconds: off the event loop.
 _PACK_IN_THREAD_ELEMENTS = 1 << 16
 _HEALTH_METHODS = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/"
-# A request is token ids (a context at most); a response may carry dense q: 1 MiB per draft token
-# over Gemma 3's vocabulary, so it is bounded by what the client accepts (DraftClientConfig).
-MAX_RECEIVE_BYTES = 16 << 20
-MAX_SEND_BYTES = 256 << 20
-
-# Clients ping every 30 s even when idle (coordinator/clients.py); the server must allow it or
-# it answers GOAWAY "too_many_pings" (the default minimum is 5 minutes).
-SERVER_OPTIONS = (
-    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-    ("grpc.max_send_message_length", MAX_SEND_BYTES),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.so_reuseport", 0),  # a second server on a busy port fails instead of sharing it
-)
+# The draft protocol's limits, the ones the draft client sends and accepts (DraftClientConfig).
+SERVER_OPTIONS = server_options(MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_BYTES)
 
 
 @dataclass(frozen=True)

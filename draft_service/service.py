@@ -322,7 +322,8 @@ class DraftCore:
 def _export_store(store: SessionStore) -> None:
     """The sessions and cached-tokens gauges read the store when scraped, not when a call last
     ran: a replica whose coordinator died gets no more calls, and a scrape is then what expires
-    its sessions by TTL and shows them gone (a pushed value kept them on the dashboard forever)."""
+    its sessions by TTL and shows them gone (a pushed value would keep them on the dashboard
+    forever)."""
     ref = weakref.ref(store)  # the gauge must not keep a closed core's store alive
 
     def held(what: str) -> int:
@@ -351,7 +352,9 @@ class _CacheView(MutableMapping[str, "SequenceCache"]):
     def __setitem__(self, session_id: str, cache: SequenceCache) -> None:
         session = self.store.get(session_id)
         if session is None:
-            return  # evicted since the call began: the drafter still holds this cache for the call, then it is gone (a miss)
+            # Evicted since the call began: the drafter still holds this cache for the call, then it
+            # is gone (a miss).
+            return
         session.cache = cache
         self.store.resize(session_id)
 

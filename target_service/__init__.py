@@ -1,0 +1,16 @@
+"""The target tier: the verifier (one batched target pass per round), the Ray actor that serves
+it, and the pool that places sessions on actors and resends a lost context."""
+
+from specdec._exports import lazy_exports
+
+_EXPORTS = {
+    "TargetVerifier": "verifier",
+    "TargetActor": "actor",
+    "ActorConfig": "actor",
+    "TargetPool": "pool",
+    "PoolConfig": "pool",
+    "TargetUnavailable": "pool",
+    "launch": "pool",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

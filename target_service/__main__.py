@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         "--cpus-per-actor",
         type=int,
         default=None,
-        help="on CPU nodes: CPUs (and torch threads) per actor (default: a local Ray's CPUs shared out, 1 on a cluster)",
+        help="on CPU nodes: CPUs (and torch threads) per actor "
+        "(default: a local Ray's CPUs shared out, 1 on a cluster)",
     )
     p.add_argument("--full-precision", action="store_true", help="fp32 on GPUs too (CPU is always fp32)")
     return p

@@ -23,7 +23,7 @@ from specdec.core.session_store import SessionStore
 from specdec.drafts.loading import load_model
 from specdec.target_service import metrics
 from specdec.target_service.protocol import VerifyReply, VerifyRequest
-from specdec.target_service.verifier import TargetVerifier, VerifyItem, _cached_tokens
+from specdec.target_service.verifier import TargetVerifier, VerifyItem, cached_tokens
 from specdec.telemetry.metrics import MetricsServer
 from specdec.telemetry.tracing import configure_tracing
 
@@ -55,7 +55,7 @@ class TargetActor:
             torch.set_num_threads(config.cpus)
         dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
         self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
-        store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=_cached_tokens)
+        store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=cached_tokens)
         self.verifier = TargetVerifier(self.loaded, store)
         self._queue: list[tuple[VerifyRequest, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
@@ -156,7 +156,8 @@ class TargetActor:
                 # The engine never asks this; a caller that does gets a clear error, not a wrong answer.
                 replies[i] = VerifyReply(
                     None,
-                    error=f"{len(context)} tokens plus {len(request.draft_ids)} drafts exceed the model's context of {self.loaded.max_context}",
+                    error=f"{len(context)} tokens plus {len(request.draft_ids)} drafts exceed "
+                    f"the model's context of {self.loaded.max_context}",
                 )
                 continue
             items.append(VerifyItem(request.session_id, context, _proposal(request), request.sampling))

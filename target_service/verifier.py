@@ -34,7 +34,7 @@ class TargetVerifier:
     def __init__(self, loaded: LoadedModel, sessions: SessionStore[SequenceCache] | None = None):
         self.loaded = loaded
         # Unbounded unless the owner passes a bounded store (the actor does: LRU, TTL, tokens).
-        self.sessions = sessions if sessions is not None else SessionStore(size=_cached_tokens)
+        self.sessions = sessions if sessions is not None else SessionStore(size=cached_tokens)
 
     def verify(
         self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams
@@ -66,7 +66,7 @@ class TargetVerifier:
         self.sessions.pop(session_id, None)
 
 
-def _cached_tokens(session: SequenceCache) -> int:
+def cached_tokens(session: SequenceCache) -> int:
     return len(session.tokens)
 
 

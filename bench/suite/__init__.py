@@ -1,1 +1,2 @@
-"""The benchmark suite behind `specdec bench` / `python -m bench` (bench/suite/run.py)."""
+"""`specdec bench`: speculation against target-only decoding and transformers, at batch 1 and
+under concurrency, with the Leviathan ideal beside each measured speedup."""

@@ -33,9 +33,8 @@ ARMS = ("off", "on", "load_aware")
 class StreamedRequest:
     prompt: int  # index into the prompt set
     started: float  # seconds since the level began
-    events: list[tuple[float, int]] = field(
-        default_factory=list
-    )  # (seconds since the level began, tokens in the message)
+    # Per streamed message: (seconds since the level began, tokens in the message).
+    events: list[tuple[float, int]] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     draft_tokens: int = 0
     accepted_tokens: int = 0

@@ -1,10 +1,11 @@
-"""The peer's ways of decoding at batch 1, each a `bench.stack.Method`: (prompt ids, new tokens) -> Run.
+"""The peer's ways of decoding at batch 1, each a `specdec.bench.stack.Method`:
+(prompt ids, new tokens) -> Run.
 
-Ours go through the local stack over gRPC like any client (`bench.stack.stack_method`); the peer is
-transformers' own `generate` in this process: greedy, prompt lookup (`prompt_lookup_num_tokens`)
-and assisted generation with a draft model (`assistant_model`). Every method decodes greedily
-and generates exactly the asked number of tokens (EOS off everywhere, as in
-bench/single_process.py), so outputs compare token for token.
+Ours go through the local stack over gRPC like any client (`specdec.bench.stack.stack_method`);
+the peer is transformers' own `generate` in this process: greedy, prompt lookup
+(`prompt_lookup_num_tokens`) and assisted generation with a draft model (`assistant_model`).
+Every method decodes greedily and generates exactly the asked number of tokens (EOS off
+everywhere, as in bench/single_process.py), so outputs compare token for token.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The suite's tables and its goals (issue 8), printed from the JSON result."""
+"""The suite's tables and its goals (the figures the project aims for), printed from the JSON result."""
 
 from __future__ import annotations
 
@@ -31,16 +31,21 @@ def batch1_table(batch1: dict, repeats: int, out=sys.stdout) -> None:
         for label, row in rows:
             ideal = row["ideal"].get("ngram", {})
             line = f"{label[:34]:<34}" + "".join(f"{_f(row['tokens_per_s'].get(m), '.2f'):>8}" for m, _ in cols)
-            line += f"{_f(row['speedup'].get('ngram'), '.2f'):>6}x{_f(row['speedup'].get('hf_pld'), '.2f'):>6}x{_f(row['over_peer'].get('ngram'), '.2f'):>7}"
+            line += (
+                f"{_f(row['speedup'].get('ngram'), '.2f'):>6}x{_f(row['speedup'].get('hf_pld'), '.2f'):>6}x"
+                f"{_f(row['over_peer'].get('ngram'), '.2f'):>7}"
+            )
             line += f"{_f(row['speedup'].get('model'), '.2f'):>6}x{_f(row['acceptance_rate'].get('ngram'), '.0%'):>7}"
-            line += f"{_f(ideal.get('ideal_speedup'), '.2f'):>6}x{_f(ideal.get('efficiency'), '.2f'):>6}{'yes' if all(row['greedy_equal'].values()) else 'NO':>6}"
+            equal = "yes" if all(row["greedy_equal"].values()) else "NO"
+            line += f"{_f(ideal.get('ideal_speedup'), '.2f'):>6}x{_f(ideal.get('efficiency'), '.2f'):>6}{equal:>6}"
             print(line, file=out)
         drafter_table(workload, summary, out)
         print(f"-- where a decode round's time goes (median ms), workload {workload} --", file=out)
         print(f"{'method':<14}{'draft':>8}{'forward':>9}{'transport':>10}{'coord':>8}{'round':>8}", file=out)
         for m, split in summary["time_split_ms"].items():
             print(
-                f"{m:<14}{split['draft_wait']:>8.1f}{split['verify_compute']:>9.1f}{split['verify_transport']:>10.1f}{split['coordination']:>8.2f}{split['round']:>8.1f}",
+                f"{m:<14}{split['draft_wait']:>8.1f}{split['verify_compute']:>9.1f}"
+                f"{split['verify_transport']:>10.1f}{split['coordination']:>8.2f}{split['round']:>8.1f}",
                 file=out,
             )
 
@@ -50,7 +55,8 @@ def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
     position, the cost ratio c and the ideal from them (medians over prompts)."""
     print(f"-- drafters, workload {workload}: measured vs the Leviathan ideal (medians over prompts) --", file=out)
     print(
-        f"{'drafter':<8}{'x k=0':>7}{'accept':>8}{'alpha by position (1..6)':>32}{'c':>7}{'mean k':>7}{'ideal':>7}{'eff':>6}",
+        f"{'drafter':<8}{'x k=0':>7}{'accept':>8}{'alpha by position (1..6)':>32}"
+        f"{'c':>7}{'mean k':>7}{'ideal':>7}{'eff':>6}",
         file=out,
     )
     for m in _DRAFTERS:
@@ -59,8 +65,9 @@ def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
         ideal = summary["ideal"].get(m, {})
         alphas = " ".join(f"{a:.2f}" for a in summary["alpha_by_position"].get(m, [])[:6]) or "-"
         print(
-            f"{m:<8}{_f(summary['speedup'].get(m), '.2f'):>6}x{_f(summary['acceptance_rate'].get(m), '.0%'):>8}{alphas:>32}"
-            f"{_f(ideal.get('c'), '.3f'):>7}{_f(ideal.get('mean_k'), '.1f'):>7}{_f(ideal.get('ideal_speedup'), '.2f'):>6}x{_f(ideal.get('efficiency'), '.2f'):>6}",
+            f"{m:<8}{_f(summary['speedup'].get(m), '.2f'):>6}x{_f(summary['acceptance_rate'].get(m), '.0%'):>8}"
+            f"{alphas:>32}{_f(ideal.get('c'), '.3f'):>7}{_f(ideal.get('mean_k'), '.1f'):>7}"
+            f"{_f(ideal.get('ideal_speedup'), '.2f'):>6}x{_f(ideal.get('efficiency'), '.2f'):>6}",
             file=out,
         )
 
@@ -68,22 +75,24 @@ def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
 def concurrency_table(conc: dict, out=sys.stdout) -> None:
     print("\n== concurrency (mixed workload) ==", file=out)
     print(
-        f"{'streams':>7} {'arm':<11}{'tok/s':>8}{'x off':>7}{'x 1 str':>8}{'tpot p50':>9}{'tpot p99':>9}{'ttft p50':>9}{'accept':>7}",
+        f"{'streams':>7} {'arm':<11}{'tok/s':>8}{'x off':>7}{'x 1 str':>8}"
+        f"{'tpot p50':>9}{'tpot p99':>9}{'ttft p50':>9}{'accept':>7}",
         file=out,
     )
     for level in sorted(conc["off"], key=int):
         for arm in conc:
             cell = conc[arm][level]
+            over_off = cell["tokens_per_s"] / conc["off"][level]["tokens_per_s"]
+            over_one = cell["tokens_per_s"] / conc[arm][min(conc[arm], key=int)]["tokens_per_s"]
             print(
-                f"{level:>7} {arm:<11}{cell['tokens_per_s']:>8.1f}{cell['tokens_per_s'] / conc['off'][level]['tokens_per_s']:>6.2f}x"
-                f"{cell['tokens_per_s'] / conc[arm][min(conc[arm], key=int)]['tokens_per_s']:>7.2f}x"
+                f"{level:>7} {arm:<11}{cell['tokens_per_s']:>8.1f}{over_off:>6.2f}x{over_one:>7.2f}x"
                 f"{cell['tpot_ms_p50']:>7.0f}ms{cell['tpot_ms_p99']:>7.0f}ms{cell['ttft_ms_p50']:>7.0f}ms{cell['acceptance_rate']:>7.0%}",
                 file=out,
             )
 
 
 def goals(results: dict) -> list[dict]:
-    """Each goal of issue 8 that this result measures: its figure and whether it was met."""
+    """Each goal that this result measures: its figure, its target and whether it was met."""
     out = []
 
     def goal(name: str, figure: float | None, target: float, at_most: bool = False) -> None:
@@ -103,7 +112,7 @@ def goals(results: dict) -> list[dict]:
         copy = summary["copy"]
         goal("copy, batch 1: ngram tokens/s over target-only", copy["speedup"].get("ngram"), 3.0)
         goal("copy, batch 1: ngram tokens/s over transformers' prompt lookup", copy["over_peer"].get("ngram"), 1.1)
-    # Issue 10: the distilled draft on free text, the hybrid on copies.
+    # The model drafters' goals: the distilled draft on free text, the hybrid on copies.
     if "free" in summary:
         free = summary["free"]
         best = max(
@@ -155,9 +164,7 @@ def print_report(results: dict, out=sys.stdout) -> None:
         concurrency_table(results["concurrency"], out)
     print("\n== goals ==", file=out)
     for g in results["goals"]:
-        print(
-            f"{'met ' if g['met'] else 'MISS'}  {g['goal']}: {g['figure']:.3g} (goal {'<=' if g['at_most'] else '>='} {g['target']})",
-            file=out,
-        )
+        verdict, bound = "met " if g["met"] else "MISS", "<=" if g["at_most"] else ">="
+        print(f"{verdict}  {g['goal']}: {g['figure']:.3g} (goal {bound} {g['target']})", file=out)
     if not results["greedy_equal"]:
         print("\nGREEDY EQUALITY FAILED: some output differs from target-only decoding", file=out)

@@ -1,4 +1,4 @@
-"""`specdec bench` (`python -m bench`): does speculation pay off for this pair on this machine?
+"""`specdec bench` (`python -m specdec.bench`): does speculation pay off for this pair on this machine?
 
 One run, on the same models and prompts, side by side:
   1. target-only decoding through the local stack (k = 0): the baseline;
@@ -78,7 +78,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--model-drafter",
         default="auto",
-        help="draft model: first:N (the target's first N layers), a model spec, 'distilled' (the shipped draft), or none; auto = distilled for the embedded target when shipped, else first:4 (default auto)",
+        help="draft model: first:N (the target's first N layers), a model spec, 'distilled' (the shipped draft), "
+        "or none; auto = distilled for the embedded target when shipped, else first:4 (default auto)",
     )
     p.add_argument(
         "--no-hybrid", action="store_true", help="leave out the hybrid arm (prompt lookup + the model drafter)"
@@ -101,7 +102,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--load-aware-budget",
         type=int,
         default=16,
-        help="the load-aware arm's speculation token budget: target positions per pass shared by the generating requests (default 16)",
+        help="the load-aware arm's speculation token budget: "
+        "target positions per pass shared by the generating requests (default 16)",
     )
     p.add_argument(
         "--load-aware-running",

@@ -85,12 +85,17 @@ def read_requests(path: str | Path, trace_ids: set[str]) -> dict[str, Request]:
             a = span["attributes"]
             rounds.append(
                 Round(
-                    index=a["specdec.round.index"], k=a.get("specdec.round.k", 0), accepted=a.get("specdec.round.accepted", 0),
-                    committed=a.get("specdec.round.committed_tokens", 0), start_ns=span["start_ns"], end_ns=span["end_ns"],
-                    draft_wait_ms=a.get("specdec.round.draft_latency_ms", 0.0), verify_wait_ms=a.get("specdec.round.verify_latency_ms", 0.0),
+                    index=a["specdec.round.index"],
+                    k=a.get("specdec.round.k", 0),
+                    accepted=a.get("specdec.round.accepted", 0),
+                    committed=a.get("specdec.round.committed_tokens", 0),
+                    start_ns=span["start_ns"],
+                    end_ns=span["end_ns"],
+                    draft_wait_ms=a.get("specdec.round.draft_latency_ms", 0.0),
+                    verify_wait_ms=a.get("specdec.round.verify_latency_ms", 0.0),
                     verify_compute_ms=compute.get(span["span_id"]),
                 )
-            )  # fmt: skip
+            )
         if rounds:
             rounds.sort(key=lambda r: r.index)
             draft_ms = sum(_ms(s) for s in spans if s["name"] == _PROPOSE and s["kind"] == "SERVER")

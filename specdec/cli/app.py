@@ -37,8 +37,10 @@ def _add_model_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
     p.add_argument(
         "--draft-model",
         default=AUTO,
-        help="local dir, .gguf file, hub id, 'distilled' (the draft shipped for the embedded target), 'ngram' (prompt lookup), "
-        f"'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), or 'auto': the best drafter shipped for the target, hybrid:distilled for the embedded one, else ngram (default){scope}",
+        help="local dir, .gguf file, hub id, 'distilled' (the draft shipped for the embedded target), "
+        "'ngram' (prompt lookup), 'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), "
+        "or 'auto': the best drafter shipped for the target, hybrid:distilled for the embedded one, "
+        f"else ngram (default){scope}",
     )
 
 
@@ -72,56 +74,33 @@ def _generate_parser(sub) -> None:
     )
 
 
-def _stack_parser(sub, name: str, help_text: str, port: int) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help_text)
+def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
+    from specdec.coordinator.flags import add_engine_flags, plain_flag
+
     _add_model_flags(p)
     p.add_argument("--target-replicas", type=int, default=1, help="target actors on the local Ray (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="the coordinator's address (default 127.0.0.1)")
     p.add_argument(
-        "--port", type=int, default=port, help=f"the coordinator's port; 0 picks a free one (default {port})"
+        "--port",
+        type=flag_types.port,
+        default=port,
+        help=f"the coordinator's port; 0 picks a free one (default {port})",
     )
     metrics_port = 9464 if port else 0
     p.add_argument(
         "--metrics-port",
         type=flag_types.port,
         default=metrics_port,
-        help=f"the coordinator's Prometheus port on --host; 0 picks a free one (default {metrics_port}); the draft server and target actors take free ones, printed at start",
+        help=f"the coordinator's Prometheus port on --host; 0 picks a free one (default {metrics_port}); "
+        "the draft server and target actors take free ones, printed at start",
     )
     p.add_argument(
         "--trace-file",
         default=None,
-        help="every part appends its finished spans here, for `specdec trace` (default ~/.cache/specdec/traces.jsonl; '' for none)",
+        help="every part appends its finished spans here, for `specdec trace` "
+        "(default ~/.cache/specdec/traces.jsonl; '' for none)",
     )
-    p.add_argument("--max-draft-tokens", type=int, default=16, help="largest k a request may ask for")
-    p.add_argument("--default-draft-tokens", type=int, default=4, help="k for requests that leave it unset")
-    p.add_argument(
-        "--max-inflight", type=int, default=64, help="requests generating at once; more get RESOURCE_EXHAUSTED"
-    )
-    p.add_argument(
-        "--pipeline",
-        choices=("on", "off"),
-        default="on",
-        help="'on' (default): draft round r+1 while round r is verified",
-    )
-    p.add_argument(
-        "--adaptive",
-        choices=("on", "off"),
-        default="on",
-        help="'on' (default): each round's k from acceptance and measured costs, at most the request's max",
-    )
-    p.add_argument(
-        "--speculation-max-running",
-        type=int,
-        default=0,
-        help="with more requests generating than this, no drafts (target saturated); 0 (default): never",
-    )
-    p.add_argument(
-        "--speculation-token-budget",
-        type=flag_types.nonnegative_int_or_auto,
-        default="auto",
-        help="target positions per batched pass shared by the generating requests: each drafts at most budget / running - 1 tokens; 0: no budget; auto (default): 16 on a CPU target, none on a GPU",
-    )
-    return p
+    add_engine_flags(plain_flag(p))
 
 
 def _request_proto(args):
@@ -297,16 +276,14 @@ def _rpc_failed(error, address: str) -> int:
     return 1
 
 
-def _stack_config(args):
-    from specdec.coordinator.engine import EngineConfig
+def _stack_config(args, error):
+    from specdec.coordinator.flags import engine_config
     from specdec.coordinator.server import ServerConfig
     from specdec.local.stack import StackConfig
 
-    for name in ("target_replicas", "max_draft_tokens", "max_inflight"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"specdec {args.command}: --{name.replace('_', '-')} must be >= 1")
-    if not 0 <= args.default_draft_tokens <= args.max_draft_tokens:
-        raise SystemExit(f"specdec {args.command}: --default-draft-tokens must be in [0, --max-draft-tokens]")
+    if args.target_replicas < 1:
+        raise SystemExit(f"specdec {args.command}: --target-replicas must be >= 1")
+    engine = engine_config(args, error)
     return StackConfig(
         target_model=args.target_model,
         draft_model=resolve_drafter(args.draft_model, args.target_model),
@@ -314,14 +291,7 @@ def _stack_config(args):
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,
         server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight),
-        engine=EngineConfig(
-            default_draft_tokens=args.default_draft_tokens,
-            max_draft_tokens=args.max_draft_tokens,
-            pipeline=args.pipeline == "on",
-            adaptive=args.adaptive == "on",
-            speculation_max_running=max(args.speculation_max_running, 0),
-            speculation_token_budget=args.speculation_token_budget,
-        ),
+        engine=engine,
     )
 
 
@@ -329,15 +299,18 @@ def _print_parts(stack) -> None:
     c = stack.config
     actors = f"{len(stack.actor_names)} actor{'s' if len(stack.actor_names) != 1 else ''}"
     print(
-        f"  draft service   {stack.draft_address}  ({c.draft_model}, process {stack.draft_process.pid}); metrics {stack.draft_metrics_address}",
+        f"  draft service   {stack.draft_address}  ({c.draft_model}, process {stack.draft_process.pid}); "
+        f"metrics {stack.draft_metrics_address}",
         flush=True,
     )
     print(
-        f"  target pool     {c.pool_name}: {actors} on the local Ray ({stack.target_name}); metrics {', '.join(stack.target_metrics_addresses)}",
+        f"  target pool     {c.pool_name}: {actors} on the local Ray ({stack.target_name}); "
+        f"metrics {', '.join(stack.target_metrics_addresses)}",
         flush=True,
     )
     print(
-        f"  coordinator     {stack.address}  (specdec.v1.GenerationService, health, reflection); metrics {stack.metrics.address}",
+        f"  coordinator     {stack.address}  (specdec.v1.GenerationService, health, reflection); "
+        f"metrics {stack.metrics.address}",
         flush=True,
     )
     if c.trace_file:
@@ -419,8 +392,10 @@ async def _demo(config, prompt: str, max_new_tokens: int) -> int:
         request = generation_pb2.GenerateRequest(
             prompt=prompt, max_new_tokens=max_new_tokens, sampling=common_pb2.SamplingParams(temperature=0.0)
         )
+        dimmed = " dimmed" if sys.stdout.isatty() else ""
         print(
-            f"\nGenerateStream to {stack.address}, greedy, {max_new_tokens} tokens at most (the prompt{' dimmed' if sys.stdout.isatty() else ''}, then the stream):\n",
+            f"\nGenerateStream to {stack.address}, greedy, {max_new_tokens} tokens at most "
+            f"(the prompt{dimmed}, then the stream):\n",
             flush=True,
         )
         print(f"\033[2m{prompt}\033[0m" if sys.stdout.isatty() else prompt, end="", flush=True)
@@ -456,7 +431,8 @@ _DELEGATED = {
     ),
     "bench": (
         "specdec.bench.suite.run",
-        "the benchmark suite: speculation vs target-only vs transformers, batch 1 and under concurrency (bench/README.md)",
+        "the benchmark suite: speculation vs target-only vs transformers, batch 1 and under concurrency "
+        "(bench/README.md)",
     ),
 }
 
@@ -469,15 +445,21 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(_DELEGATED[argv[0]][0]).main(argv[1:])
     parser = argparse.ArgumentParser(prog="specdec", description="Distributed speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = _stack_parser(
-        sub, "demo", "start the local stack, stream one request through its gRPC API, print it, stop", port=0
-    )
-    demo.add_argument("--prompt", default=DEMO_PROMPT)
-    demo.add_argument("--max-new-tokens", type=int, default=48)
-    up = _stack_parser(
-        sub, "up", "serve the local stack (draft server, target pool, coordinator) until Ctrl-C", port=50051
-    )
-    up.add_argument("--status-every", type=float, default=5.0, help="seconds between status lines")
+    # `demo` and `up` get their flags only when they run: the engine's flags import the engine
+    # (transformers: about 2 s), which no other command needs.
+    stack = {
+        "demo": sub.add_parser(
+            "demo", help="start the local stack, stream one request through its gRPC API, print it, stop"
+        ),
+        "up": sub.add_parser("up", help="serve the local stack (draft server, target pool, coordinator) until Ctrl-C"),
+    }
+    if argv[:1] == ["demo"]:
+        _add_stack_flags(stack["demo"], port=0)
+        stack["demo"].add_argument("--prompt", default=DEMO_PROMPT)
+        stack["demo"].add_argument("--max-new-tokens", type=int, default=48)
+    elif argv[:1] == ["up"]:
+        _add_stack_flags(stack["up"], port=50051)
+        stack["up"].add_argument("--status-every", type=float, default=5.0, help="seconds between status lines")
     _generate_parser(sub)
     tr = sub.add_parser("trace", help="print one request's rounds from the local trace file that `specdec up` writes")
     tr.add_argument("trace_id", nargs="?", help="the trace id a response carries (32 hex digits)")
@@ -495,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.trace_file is None:
         args.trace_file = str(default_trace_file())
-    config = _stack_config(args)
+    config = _stack_config(args, stack[args.command].error)
     configure_tracing("specdec-coordinator", file=config.trace_file)
     if args.command == "up":  # one line per request (demo prints its own summary)
         import logging
@@ -505,9 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             return asyncio.run(_up(config, args.status_every))
         return asyncio.run(_demo(config, args.prompt, args.max_new_tokens))
-    except (
-        RuntimeError
-    ) as e:  # a part that did not start (a busy port, a draft server that exited); the rest was stopped
+    except RuntimeError as e:
+        # A part that did not start (a busy port, a draft server that exited); the rest was stopped.
         print(f"specdec {args.command}: {e}", file=sys.stderr)
         return 1
 

@@ -1,8 +1,8 @@
 """Regenerate the Python gRPC/protobuf code from protos/.
 
-Run ``python -m specdec.protogen`` after editing a .proto; the generated files
+Run ``python -m specdec.cli.protogen`` after editing a .proto; the generated files
 are committed so that runtime installs need no protoc, and
-tests/test_protos.py fails when they drift from the .proto sources.
+tests/deploy/test_protos.py fails when they drift from the .proto sources.
 """
 
 from __future__ import annotations

@@ -36,19 +36,25 @@ def _label(span: dict) -> str:
     if span["name"] == "specdec.round":
         flags = [name for name in ("pipelined", "fallback") if a.get(f"specdec.round.{name}")]
         return (
-            f"round {a.get('specdec.round.index')}: k={a.get('specdec.round.k', 0)} accepted {a.get('specdec.round.accepted', 0)}"
-            f"{' +bonus' if a.get('specdec.round.bonus') else ''} -> {a.get('specdec.round.committed_tokens', 0)} tokens | "
-            f"draft {a.get('specdec.round.draft_latency_ms', 0):.1f} ms, verify {a.get('specdec.round.verify_latency_ms', 0):.1f} ms"
+            f"round {a.get('specdec.round.index')}: k={a.get('specdec.round.k', 0)} "
+            f"accepted {a.get('specdec.round.accepted', 0)}{' +bonus' if a.get('specdec.round.bonus') else ''} "
+            f"-> {a.get('specdec.round.committed_tokens', 0)} tokens | "
+            f"draft {a.get('specdec.round.draft_latency_ms', 0):.1f} ms, "
+            f"verify {a.get('specdec.round.verify_latency_ms', 0):.1f} ms"
             f"{' [' + ', '.join(flags) + ']' if flags else ''}"
         )
     detail = ""
     if span["name"].startswith(REQUEST_PREFIX):
         detail = (
             f" | in {a.get('gen_ai.usage.input_tokens', '?')} out {a.get('gen_ai.usage.output_tokens', '?')} tokens, "
-            f"finish {','.join(a.get('gen_ai.response.finish_reasons', [])) or '-'}, model {a.get('gen_ai.request.model', '?')}"
+            f"finish {','.join(a.get('gen_ai.response.finish_reasons', [])) or '-'}, "
+            f"model {a.get('gen_ai.request.model', '?')}"
         )
     elif span["name"] == "specdec.verify":
-        detail = f" | batch {a.get('specdec.batch_size', '?')}, k={a.get('specdec.k', '?')}, accepted {a.get('specdec.num_accepted', '?')}"
+        detail = (
+            f" | batch {a.get('specdec.batch_size', '?')}, k={a.get('specdec.k', '?')}, "
+            f"accepted {a.get('specdec.num_accepted', '?')}"
+        )
     status = "" if span["status"] != "ERROR" else " ERROR"
     return f"{span['name']} [{span['service']}] {_ms(span):.1f} ms{detail}{status}"
 
@@ -92,7 +98,8 @@ def summary(spans: list[dict]) -> str:
     return (
         f"summary: {len(rounds)} rounds, {committed} tokens, acceptance {acceptance}, "
         f"mean accepted length {committed / len(rounds):.2f} tokens per round | "
-        f"time {total_ms:.0f} ms: draft {draft_ms / total_ms:.0%}, verify {verify_ms / total_ms:.0%}, coordination {other_ms / total_ms:.0%}"
+        f"time {total_ms:.0f} ms: draft {draft_ms / total_ms:.0%}, verify {verify_ms / total_ms:.0%}, "
+        f"coordination {other_ms / total_ms:.0%}"
     )
 
 

@@ -15,7 +15,7 @@ import torch
 from specdec.core.errors import InvalidArgument
 
 # Below this, logits / temperature overflows float32 (to inf, then NaN probabilities: measured, a
-# temperature of 1e-38 gave token 0 at every step); vLLM draws its greedy line at the same 1e-5.
+# temperature of 1e-38 gives token 0 at every step); vLLM draws its greedy line at the same 1e-5.
 MIN_TEMPERATURE = 1e-5
 
 

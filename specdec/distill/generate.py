@@ -3,8 +3,8 @@
 A served draft never predicts human text: it predicts the target's own output, conditioned on
 a prompt. Greedy output of a small model has its own statistics (it loops, repeats phrases and
 code lines, and prefers its favourite continuations), which a draft distilled on human text
-alone never sees: on the free-continuation benchmark the draft trained on stdlib source and
-man pages agreed with the target on 23% of generated tokens, against 20% on held-out human text.
+alone never sees (a draft trained on stdlib source and man pages agrees with the target on 23%
+of the free-continuation benchmark's generated tokens, 20% of held-out human text).
 Rows of "corpus opening + the target's greedy continuation" put the serving distribution into
 training (self-distillation, as in Medusa-2's and EAGLE's data regeneration).
 

@@ -1,10 +1,11 @@
 """`specdec distill-draft`: train a pruned-vocabulary draft for a target by distillation.
 
 The draft starts as the target's embedding, first layers and final norm, with an output
-projection over the tokens the target predicts most (`specdec.draft_vocab`, `specdec.pruned_draft`).
-Training minimises KL(p || q) per position, where p is the target's distribution restricted to the
-draft vocabulary and renormalised (the target's logits at the draft columns: one gathered matmul,
-never the full 262,144-wide row) and q the draft's; only the layers and the final norm train.
+projection over the tokens the target predicts most (`specdec.drafts.draft_vocab`,
+`specdec.drafts.pruned_draft`). Training minimises KL(p || q) per position, where p is the
+target's distribution restricted to the draft vocabulary and renormalised (the target's logits
+at the draft columns: one gathered matmul, never the full 262,144-wide row) and q the draft's;
+only the layers and the final norm train.
 The target runs on the fly under no_grad: on a CPU that costs less than reading cached top-k
 logits back would save, and needs no disk.
 
@@ -64,7 +65,7 @@ class DistillConfig:
     time_budget_min: float | None = None
     save_dtype: str = "bfloat16"  # dtype of the shipped weights
     seed: int = 0
-    # Rows the target writes itself (specdec.distill_generate): the serving distribution. ~60
+    # Rows the target writes itself (specdec.distill.generate): the serving distribution. ~60
     # tokens/s in batches of 32 on 2 cores, so 256 rows of 256 tokens take ~17 minutes, once.
     generated_rows: int = 0
     generated_share: float = 0.75  # share of each batch taken from them (when there are any)
@@ -73,7 +74,7 @@ class DistillConfig:
     init_from: Path | None = None  # a draft directory (or a run's OUT) to start from: its vocabulary and weights
     # Written into draft.json: the drafter stops a greedy draft before a token the draft gives
     # less (draft_service/model_drafter.py). 0.3: on the free-continuation prompts the shipped
-    # draft's tokens at >= 0.3 were the target's 40% of the time, those below 14%.
+    # draft's tokens at >= 0.3 are the target's 40% of the time, those below 14%.
     min_confidence: float = 0.3
 
 
@@ -251,7 +252,8 @@ def _check_same_run(config: DistillConfig, ckpt: Path) -> None:
     changed = sorted(k for k, v in json.loads(path.read_text()).items() if fixed.get(k) != v)
     if changed:
         raise ValueError(
-            f"{ckpt} is a run with other {', '.join(changed)}: resume it with the same flags, or delete it to start over"
+            f"{ckpt} is a run with other {', '.join(changed)}: "
+            "resume it with the same flags, or delete it to start over"
         )
 
 
@@ -264,7 +266,8 @@ def _corpus(config: DistillConfig, target: LoadedModel, ckpt: Path) -> tuple[tor
     corpus = load_corpus(target.tokenizer, config.sources, config.seq_len, config.corpus_mb, seed=config.seed)
     if len(corpus.train) < config.batch or len(corpus.heldout) < 1:
         raise ValueError(
-            f"corpus too small: {len(corpus.train)} training and {len(corpus.heldout)} held-out rows of {config.seq_len} tokens"
+            f"corpus too small: {len(corpus.train)} training and {len(corpus.heldout)} held-out rows "
+            f"of {config.seq_len} tokens"
         )
     heldout = corpus.heldout[: config.heldout_rows]
     _atomic_save({"train": corpus.train, "heldout": heldout}, path)
@@ -295,7 +298,8 @@ def _vocab(config: DistillConfig, target: LoadedModel, rows: torch.Tensor, ckpt:
     ids = draft_vocab.choose_vocab(predictions, min(size, full), always, draft_vocab.count_tokens(rows, full))
     draft_vocab.save_vocab(ckpt, ids)
     print(
-        f"draft vocabulary: {len(ids)} tokens, covering {draft_vocab.coverage(ids, predictions):.1%} of target argmax on {sample.numel()} tokens",
+        f"draft vocabulary: {len(ids)} tokens, covering {draft_vocab.coverage(ids, predictions):.1%} "
+        f"of target argmax on {sample.numel()} tokens",
         file=sys.stderr,
     )
     return ids
@@ -477,12 +481,29 @@ def _parse(argv: list[str]) -> DistillConfig:
     if a.generated_rows and not 0 < a.prompt_tokens < a.seq_len:
         p.error(f"--prompt-tokens must lie in (0, --seq-len), got {a.prompt_tokens}")
     return DistillConfig(
-        target_model=a.target_model, out=a.out, layers=a.layers, vocab_size=a.vocab_size, steps=a.steps, seq_len=a.seq_len,
-        batch=a.batch, lr=a.lr, eval_every=a.eval_every, checkpoint_every=a.checkpoint_every, corpus_mb=a.corpus_mb,
-        sources=a.corpus or default_sources(), vocab_sample_tokens=a.vocab_sample_tokens, time_budget_min=a.time_budget_min,
-        save_dtype=a.save_dtype, seed=a.seed, generated_rows=a.generated_rows, generated_share=a.generated_share,
-        prompt_tokens=a.prompt_tokens, generate_batch=a.generate_batch, init_from=a.init_from, min_confidence=a.min_confidence,
-    )  # fmt: skip
+        target_model=a.target_model,
+        out=a.out,
+        layers=a.layers,
+        vocab_size=a.vocab_size,
+        steps=a.steps,
+        seq_len=a.seq_len,
+        batch=a.batch,
+        lr=a.lr,
+        eval_every=a.eval_every,
+        checkpoint_every=a.checkpoint_every,
+        corpus_mb=a.corpus_mb,
+        sources=a.corpus or default_sources(),
+        vocab_sample_tokens=a.vocab_sample_tokens,
+        time_budget_min=a.time_budget_min,
+        save_dtype=a.save_dtype,
+        seed=a.seed,
+        generated_rows=a.generated_rows,
+        generated_share=a.generated_share,
+        prompt_tokens=a.prompt_tokens,
+        generate_batch=a.generate_batch,
+        init_from=a.init_from,
+        min_confidence=a.min_confidence,
+    )
 
 
 if __name__ == "__main__":

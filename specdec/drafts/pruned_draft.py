@@ -1,5 +1,5 @@
 """A draft built inside its target: the target's embedding, its first layers (trained or not), its
-final norm, and an output projection over a pruned vocabulary (see `specdec.draft_vocab`).
+final norm, and an output projection over a pruned vocabulary (see `specdec.drafts.draft_vocab`).
 
 Only what differs from the target is stored: the decoder layers and the final norm (safetensors),
 the vocabulary as an index list, and which target it belongs to. At load time the target is
@@ -13,8 +13,8 @@ q is exactly zero outside the draft vocabulary: a valid distribution over the ta
 which is all the acceptance rule needs to stay lossless. Training uses `draft_logits` (draft
 columns only) and never builds the full row.
 
-A directory is recognised by its `draft.json`; `specdec.models.load_model` hands such a directory
-to `load_pruned_draft`, so `--draft-model DIR` serves it like any other model.
+A directory is recognised by its `draft.json`; `specdec.drafts.loading.load_model` hands such a
+directory to `load_pruned_draft`, so `--draft-model DIR` serves it like any other model.
 """
 
 from __future__ import annotations

@@ -8,13 +8,9 @@ distilled`, `--draft-model hybrid:distilled`).
 "auto", the default of `specdec up`, `specdec demo` and `specdec generate --in-process`, is
 `hybrid:distilled` for the embedded target (prompt lookup where the context repeats, this draft
 where it never does) and the n-gram drafter for any other target (a draft must share its
-target's tokenizer). With oneDNN's packed kernels (specdec/projection.py) a verify pass with
-2-8 drafts costs 1.1-1.3 decode steps, and side by side (`specdec bench`, 2026-12-01, 2 CPU
-cores) the hybrid ran at 1.58-1.62x target-only on free continuation (the n-gram drafter
-1.57-1.59x) and 4.39-4.84x on copies (4.50-4.58x), with its lookups right more often (a 3-token
-match first: 1.00 at the first position on copies against 0.94-1.00), and the 48-token demo at
-31.2-32.2 tokens/s against 31.4-32.5. Before those kernels it tied on free text but lost 15% on
-short requests to its model's calls, and `auto` was the n-gram drafter.
+target's tokenizer). The hybrid is the default because, with oneDNN's packed kernels for its
+verify passes (specdec/runtime/projection.py), it ties the n-gram drafter on copies and short
+requests and leads it on free continuation (1.58-1.62x target-only against 1.57-1.59x, 2 cores).
 """
 
 from __future__ import annotations

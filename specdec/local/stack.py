@@ -136,10 +136,11 @@ class LocalStack:
 
 async def spawn_draft_server(draft_model: str, trace_file: str | None = None) -> asyncio.subprocess.Process:
     """A draft server subprocess on a free loopback port (its address: `draft_server_ready`)."""
+    flags = ["--draft-model", draft_model, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"]
+    env = {**os.environ, **({TRACE_FILE_ENV: trace_file} if trace_file else {})}
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "specdec.draft_service", "--draft-model", draft_model, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
-        stdout=asyncio.subprocess.PIPE, env={**os.environ, **({TRACE_FILE_ENV: trace_file} if trace_file else {})},
-    )  # fmt: skip
+        sys.executable, "-m", "specdec.draft_service", *flags, stdout=asyncio.subprocess.PIPE, env=env
+    )
 
 
 async def draft_server_ready(process: asyncio.subprocess.Process) -> tuple[str, str]:

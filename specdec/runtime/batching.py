@@ -36,7 +36,7 @@ def batched_forward(
 
     Items go through the model in buckets of similar new-token counts (1, 2, 3-4, 5-8, ...):
     every row of a pass is padded to its longest, and one prompt prefill among decode rounds
-    made a batch 2.8x slower than one item at a time (bench/README_target.md); within a bucket
+    makes a batch 2.8x slower than one item at a time (bench/README.md); within a bucket
     padding wastes at most half a row.
     """
     buckets: dict[int, list[int]] = {}

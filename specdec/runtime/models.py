@@ -1,5 +1,5 @@
 """Checkpoint loading: `load_checkpoint(spec)` (`load_checkpoint_tokenizer(spec)` where only the
-tokenizer is needed). Callers name models through `specdec.drafts.load_model`, which also knows
+tokenizer is needed). Callers name models through `specdec.drafts.loading.load_model`, which also knows
 the draft specs (pruned draft directories, "distilled") and comes down here for the rest.
 
 A checkpoint spec is one of
@@ -9,8 +9,7 @@ A checkpoint spec is one of
 - a Hugging Face hub id (only when the user names one; transformers does the download).
 
 GGUF files are dequantized once and cached as an ordinary fp32 `save_pretrained` directory:
-converting the embedded model took 88 s on 2 CPU cores (27 s of it building the tokenizer),
-loading the cache 5 s.
+converting the embedded model costs about 90 s on 2 CPU cores, loading the cache 5 s.
 """
 
 from __future__ import annotations
@@ -122,7 +121,7 @@ def _load(
         source, dtype=dtype, attn_implementation="sdpa", local_files_only=local
     )
     model.to(device).eval().requires_grad_(False)
-    use_column_kernels(model)  # CPU: faster few-row products (specdec/projection.py); elsewhere no change
+    use_column_kernels(model)  # CPU: faster few-row products (specdec/runtime/projection.py); elsewhere none
     if pack:
         pack_weights(model)
     eos_ids = _ids(model.generation_config.eos_token_id) | _ids(tokenizer.eos_token_id)

@@ -2,25 +2,23 @@
 oneDNN's GEMM on a packed weight from three rows on.
 
 A causal LM's last step maps each kept position's hidden state h (d) onto the vocabulary with
-W (vocab x d). For Gemma 3 270M that is 262,144 x 640 fp32 (671 MB), most of a decode step. On
-this CPU, `F.linear(h, W)` with 2-9 rows of h picks a kernel that takes 105-150 ms, while the
-same product as `W @ h^T` takes 17-78 ms; and one row, which `F.linear` gives to a
-matrix-vector kernel (45-58 ms), is as fast as two as a 2-column product of the row with itself.
-The decoder layers' projections gain the same way.
+W (vocab x d): for Gemma 3 270M that is 262,144 x 640 fp32 (671 MB), most of a decode step.
+With few rows the product is a read of W, and `W @ h^T` reads it faster than the kernels
+`F.linear` picks (2-9 rows: 17-78 ms against 105-150 ms on 2 cores); one row is computed as a
+2-column product of the row with itself, as fast as two. The decoder layers' projections gain
+the same way.
 
-From three rows on, the product is compute-bound on 2 cores, and oneDNN's GEMM on a weight
-packed once into its blocked layout (`torch.ops.mkldnn`, what torch.compile uses on CPUs) is
-much faster: a Gemma 3 270M forward with its cache costs 62 / 60 / 61 / 71 ms for 3 / 4 / 5 / 9
-new positions against 68 / 70 / 82 / 147 ms as columns (interleaved medians, 2 cores, torch
-2.13), while 1-2 positions stay at 55 ms either way. So a verify pass with 2-8 drafts costs
-1.1-1.3 decode steps instead of 1.2-2.7, most of what speculation costs on a CPU. The packed copy
-is a second copy of each weight (the embedded target: 1.07 GB more), made at load time;
-`SPECDEC_PACKED_LINEAR=0` turns it off. Autograd (training) and other devices and dtypes use
-columns. Values differ from `F.linear` by float rounding only.
+From three rows on the product is compute-bound, and oneDNN's GEMM on a weight packed once into
+its blocked layout (`torch.ops.mkldnn`, what torch.compile uses on CPUs) is faster still: a
+verify pass with 2-8 drafts costs 1.1-1.3 decode steps against 1.2-2.7 as columns, and that pass
+is most of what speculation costs on a CPU. The packed copy is a second copy of each weight (the
+embedded target: 1.07 GB more), made at load time; `SPECDEC_PACKED_LINEAR=0` turns it off.
+Autograd (training) and other devices and dtypes use columns. Values differ from `F.linear` by
+float rounding only.
 
 `use_column_kernels(model)` switches every `nn.Linear` of a CPU model to this and `pack_weights`
-packs them (loading does both: `specdec.models`); `forward_logits` runs the model's base (the
-decoder stack) and projects only the kept rows; for architectures it does not know it falls
+packs them (loading does both: `specdec.runtime.models`); `forward_logits` runs the model's base
+(the decoder stack) and projects only the kept rows; for architectures it does not know it falls
 back to the model's own forward.
 """
 
@@ -136,8 +134,8 @@ def _weight_packable(weight: torch.Tensor) -> bool:
 
 def pack_weights(model: nn.Module) -> nn.Module:
     """Make every packed copy now rather than at its first use: packing the 262,144 x 640 output
-    projection takes about a second, and a verify pass that paid it taught the coordinator's cost
-    model that drafting 2+ tokens costs a second (its k then stayed at 1 for the whole run)."""
+    projection takes about a second, and a verify pass that paid it would teach the coordinator's
+    cost model that drafting 2+ tokens costs a second (and keep its k at 1)."""
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, _ColumnLinear) and _weight_packable(module.weight):

@@ -5,8 +5,8 @@ spans are exported from where they happen and joined into one trace by propagate
 Export is OTLP when an endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT or
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; OTEL_EXPORTER_OTLP_PROTOCOL picks grpc or http/protobuf),
 through a batching processor so a round never waits on the network; OTEL_TRACES_SAMPLER sets
-sampling (the SDK reads it), OTEL_SDK_DISABLED=true turns tracing off. A trace file
-(`file`, or SPECDEC_TRACE_FILE) gets every finished span as a JSON line (specdec/trace_file.py).
+sampling (the SDK reads it), OTEL_SDK_DISABLED=true turns tracing off. A trace file (`file`, or
+SPECDEC_TRACE_FILE) gets every finished span as a JSON line (specdec/telemetry/trace_file.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -14,7 +13,6 @@ class DraftProbsEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DRAFT_PROBS_ENCODING_DENSE_FP32: _ClassVar[DraftProbsEncoding]
     DRAFT_PROBS_ENCODING_DENSE_FP16: _ClassVar[DraftProbsEncoding]
     DRAFT_PROBS_ENCODING_SPARSE_FP32: _ClassVar[DraftProbsEncoding]
-
 DRAFT_PROBS_ENCODING_UNSPECIFIED: DraftProbsEncoding
 DRAFT_PROBS_ENCODING_DENSE_FP32: DraftProbsEncoding
 DRAFT_PROBS_ENCODING_DENSE_FP16: DraftProbsEncoding
@@ -30,13 +28,7 @@ class SamplingParams(_message.Message):
     top_p: float
     top_k: int
     seed: int
-    def __init__(
-        self,
-        temperature: float | None = ...,
-        top_p: float | None = ...,
-        top_k: int | None = ...,
-        seed: int | None = ...,
-    ) -> None: ...
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class DraftProbs(_message.Message):
     __slots__ = ("encoding", "num_tokens", "vocab_size", "values", "indices", "row_nnz")
@@ -52,12 +44,4 @@ class DraftProbs(_message.Message):
     values: bytes
     indices: bytes
     row_nnz: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        encoding: DraftProbsEncoding | str | None = ...,
-        num_tokens: int | None = ...,
-        vocab_size: int | None = ...,
-        values: bytes | None = ...,
-        indices: bytes | None = ...,
-        row_nnz: _Iterable[int] | None = ...,
-    ) -> None: ...
+    def __init__(self, encoding: _Optional[_Union[DraftProbsEncoding, str]] = ..., num_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., values: _Optional[bytes] = ..., indices: _Optional[bytes] = ..., row_nnz: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -1,13 +1,10 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
+from specdec.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-
-from specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -17,22 +14,13 @@ class DraftSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DRAFT_SOURCE_NGRAM: _ClassVar[DraftSource]
     DRAFT_SOURCE_MODEL: _ClassVar[DraftSource]
     DRAFT_SOURCE_NGRAM_SHORT: _ClassVar[DraftSource]
-
 DRAFT_SOURCE_UNSPECIFIED: DraftSource
 DRAFT_SOURCE_NGRAM: DraftSource
 DRAFT_SOURCE_MODEL: DraftSource
 DRAFT_SOURCE_NGRAM_SHORT: DraftSource
 
 class ProposeRequest(_message.Message):
-    __slots__ = (
-        "session_id",
-        "committed_len",
-        "new_tokens",
-        "num_draft_tokens",
-        "sampling",
-        "probs_encoding",
-        "model_draft_tokens",
-    )
+    __slots__ = ("session_id", "committed_len", "new_tokens", "num_draft_tokens", "sampling", "probs_encoding", "model_draft_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -47,16 +35,7 @@ class ProposeRequest(_message.Message):
     sampling: _common_pb2.SamplingParams
     probs_encoding: _common_pb2.DraftProbsEncoding
     model_draft_tokens: int
-    def __init__(
-        self,
-        session_id: str | None = ...,
-        committed_len: int | None = ...,
-        new_tokens: _Iterable[int] | None = ...,
-        num_draft_tokens: int | None = ...,
-        sampling: _common_pb2.SamplingParams | _Mapping | None = ...,
-        probs_encoding: _common_pb2.DraftProbsEncoding | str | None = ...,
-        model_draft_tokens: int | None = ...,
-    ) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., committed_len: _Optional[int] = ..., new_tokens: _Optional[_Iterable[int]] = ..., num_draft_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., probs_encoding: _Optional[_Union[_common_pb2.DraftProbsEncoding, str]] = ..., model_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("token_ids", "draft_probs", "cached_len", "source")
@@ -68,19 +47,13 @@ class ProposeResponse(_message.Message):
     draft_probs: _common_pb2.DraftProbs
     cached_len: int
     source: DraftSource
-    def __init__(
-        self,
-        token_ids: _Iterable[int] | None = ...,
-        draft_probs: _common_pb2.DraftProbs | _Mapping | None = ...,
-        cached_len: int | None = ...,
-        source: DraftSource | str | None = ...,
-    ) -> None: ...
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.DraftProbs, _Mapping]] = ..., cached_len: _Optional[int] = ..., source: _Optional[_Union[DraftSource, str]] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: str | None = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class EndSessionResponse(_message.Message):
     __slots__ = ()

@@ -1,13 +1,10 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
+from specdec.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-
-from specdec.v1 import common_pb2 as _common_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -17,7 +14,6 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
-
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -29,7 +25,7 @@ class SpeculationParams(_message.Message):
     MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     disabled: bool
     max_draft_tokens: int
-    def __init__(self, disabled: bool | None = ..., max_draft_tokens: int | None = ...) -> None: ...
+    def __init__(self, disabled: _Optional[bool] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "prompt_token_ids", "max_new_tokens", "sampling", "stop", "speculation")
@@ -45,15 +41,7 @@ class GenerateRequest(_message.Message):
     sampling: _common_pb2.SamplingParams
     stop: _containers.RepeatedScalarFieldContainer[str]
     speculation: SpeculationParams
-    def __init__(
-        self,
-        prompt: str | None = ...,
-        prompt_token_ids: _Iterable[int] | None = ...,
-        max_new_tokens: int | None = ...,
-        sampling: _common_pb2.SamplingParams | _Mapping | None = ...,
-        stop: _Iterable[str] | None = ...,
-        speculation: SpeculationParams | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ...) -> None: ...
 
 class GenerateStreamRequest(_message.Message):
     __slots__ = ("prompt", "prompt_token_ids", "max_new_tokens", "sampling", "stop", "speculation")
@@ -69,15 +57,7 @@ class GenerateStreamRequest(_message.Message):
     sampling: _common_pb2.SamplingParams
     stop: _containers.RepeatedScalarFieldContainer[str]
     speculation: SpeculationParams
-    def __init__(
-        self,
-        prompt: str | None = ...,
-        prompt_token_ids: _Iterable[int] | None = ...,
-        max_new_tokens: int | None = ...,
-        sampling: _common_pb2.SamplingParams | _Mapping | None = ...,
-        stop: _Iterable[str] | None = ...,
-        speculation: SpeculationParams | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., stop: _Optional[_Iterable[str]] = ..., speculation: _Optional[_Union[SpeculationParams, _Mapping]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")
@@ -85,21 +65,10 @@ class Usage(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
-    def __init__(self, prompt_tokens: int | None = ..., completion_tokens: int | None = ...) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = (
-        "rounds",
-        "draft_tokens",
-        "accepted_tokens",
-        "non_speculative_rounds",
-        "accepted_per_position",
-        "pipelined_rounds",
-        "draft_failures",
-        "draft_wait_seconds",
-        "verify_wait_seconds",
-        "generation_seconds",
-    )
+    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "non_speculative_rounds", "accepted_per_position", "pipelined_rounds", "draft_failures", "draft_wait_seconds", "verify_wait_seconds", "generation_seconds")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -120,19 +89,7 @@ class SpeculationStats(_message.Message):
     draft_wait_seconds: float
     verify_wait_seconds: float
     generation_seconds: float
-    def __init__(
-        self,
-        rounds: int | None = ...,
-        draft_tokens: int | None = ...,
-        accepted_tokens: int | None = ...,
-        non_speculative_rounds: int | None = ...,
-        accepted_per_position: _Iterable[int] | None = ...,
-        pipelined_rounds: int | None = ...,
-        draft_failures: int | None = ...,
-        draft_wait_seconds: float | None = ...,
-        verify_wait_seconds: float | None = ...,
-        generation_seconds: float | None = ...,
-    ) -> None: ...
+    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., non_speculative_rounds: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., pipelined_rounds: _Optional[int] = ..., draft_failures: _Optional[int] = ..., draft_wait_seconds: _Optional[float] = ..., verify_wait_seconds: _Optional[float] = ..., generation_seconds: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "speculation", "trace_id")
@@ -148,15 +105,7 @@ class GenerateResponse(_message.Message):
     usage: Usage
     speculation: SpeculationStats
     trace_id: str
-    def __init__(
-        self,
-        text: str | None = ...,
-        token_ids: _Iterable[int] | None = ...,
-        finish_reason: FinishReason | str | None = ...,
-        usage: Usage | _Mapping | None = ...,
-        speculation: SpeculationStats | _Mapping | None = ...,
-        trace_id: str | None = ...,
-    ) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationStats, _Mapping]] = ..., trace_id: _Optional[str] = ...) -> None: ...
 
 class GenerateStreamResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "usage", "speculation", "trace_id")
@@ -172,12 +121,4 @@ class GenerateStreamResponse(_message.Message):
     usage: Usage
     speculation: SpeculationStats
     trace_id: str
-    def __init__(
-        self,
-        text: str | None = ...,
-        token_ids: _Iterable[int] | None = ...,
-        finish_reason: FinishReason | str | None = ...,
-        usage: Usage | _Mapping | None = ...,
-        speculation: SpeculationStats | _Mapping | None = ...,
-        trace_id: str | None = ...,
-    ) -> None: ...
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationStats, _Mapping]] = ..., trace_id: _Optional[str] = ...) -> None: ...

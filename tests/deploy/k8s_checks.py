@@ -62,7 +62,8 @@ def check_builtin_kinds(objs: list[dict], version: str = K8S_VERSIONS[0]) -> lis
             kubernetes_validate.validate(wrapper, version, strict=True)
         except kubernetes_validate.ValidationError as e:
             problems.append(
-                f"{owner['kind']} {owner['metadata']['name']} ({role}) pod template: {e.message} at {'.'.join(map(str, e.path))}"
+                f"{owner['kind']} {owner['metadata']['name']} ({role}) pod template: "
+                f"{e.message} at {'.'.join(map(str, e.path))}"
             )
     return problems
 
@@ -101,7 +102,8 @@ def check_references(objs: list[dict]) -> list[str]:
         for volume in (template or {}).get("spec", {}).get("volumes", []):
             if "configMap" in volume and volume["configMap"]["name"] not in maps:
                 problems.append(
-                    f"{role}: volume {volume['name']} names ConfigMap {volume['configMap']['name']}, which is not rendered"
+                    f"{role}: volume {volume['name']} names ConfigMap {volume['configMap']['name']}, "
+                    "which is not rendered"
                 )
     return problems
 
@@ -132,7 +134,8 @@ def check_ports(objs: list[dict]) -> list[str]:
             for t in selected:
                 if not has_port(t, target):
                     problems.append(
-                        f"Service {svc['metadata']['name']} port {port.get('name')}: targetPort {target} is not a container port of the pods it selects"
+                        f"Service {svc['metadata']['name']} port {port.get('name')}: targetPort {target} "
+                        "is not a container port of the pods it selects"
                     )
     for _owner, role, template in templates:
         for c in template["spec"]["containers"]:
@@ -179,7 +182,8 @@ def check_env(objs: list[dict]) -> list[str]:
             for prefix, known in flag_envs.items():
                 if name.startswith(prefix) and name not in known:
                     problems.append(
-                        f"{role}/{c['name']}: {name} is set but `specdec {prefix.split('_')[1].lower()}` has no such flag (it would be ignored)"
+                        f"{role}/{c['name']}: {name} is set but `specdec {prefix.split('_')[1].lower()}` "
+                        "has no such flag (it would be ignored)"
                     )
         if role in ENV_POLICY["SPECDEC_CACHE_DIR"] and env.get("SPECDEC_CACHE_DIR"):
             mounts = [m["mountPath"].rstrip("/") for m in c.get("volumeMounts", [])]
@@ -246,7 +250,8 @@ def check_command_lines(objs: list[dict]) -> list[str]:
                 name = env_name(ENV_PREFIXES[sub], action)
                 if name in env:
                     problems.append(
-                        f"{role}/{c['name']}: {action.option_strings[0]} is on the command line and {name} in the environment"
+                        f"{role}/{c['name']}: {action.option_strings[0]} is on the command line "
+                        f"and {name} in the environment"
                     )
     for sub in ("coordinator", "draft", "target"):
         if sub not in roles_seen:
@@ -290,7 +295,8 @@ def check_wiring(objs: list[dict]) -> list[str]:
             numbers = {p["containerPort"] for p in draft_c["ports"] if target in (p.get("name"), p["containerPort"])}
             if numbers != {draft.port}:
                 problems.append(
-                    f"Service {svc_name} sends port {port} to container port {numbers}, the draft listens on {draft.port}"
+                    f"Service {svc_name} sends port {port} to container port {numbers}, "
+                    f"the draft listens on {draft.port}"
                 )
     # coordinator and pool Job -> Ray head's client port; both name the same pool.
     for who, address in (
@@ -305,7 +311,8 @@ def check_wiring(objs: list[dict]) -> list[str]:
         ]
         if not clusters:
             problems.append(
-                f"{who} {address}: expected ray://RAYCLUSTER-head-svc.NAMESPACE.svc.cluster.local:PORT of a rendered RayCluster"
+                f"{who} {address}: expected ray://RAYCLUSTER-head-svc.NAMESPACE.svc.cluster.local:PORT "
+                "of a rendered RayCluster"
             )
             continue
         head = clusters[0]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
@@ -315,12 +322,14 @@ def check_wiring(objs: list[dict]) -> list[str]:
             problems.append(f"{who}: namespace {m.group(2)} is not the deployment's ({coordinator_ns})")
     if (pool.name, pool.namespace) != (coordinator.target_pool, coordinator.namespace):
         problems.append(
-            f"the Job creates pool {pool.name} in Ray namespace {pool.namespace}; the coordinator looks for {coordinator.target_pool} in {coordinator.namespace}"
+            f"the Job creates pool {pool.name} in Ray namespace {pool.namespace}; "
+            f"the coordinator looks for {coordinator.target_pool} in {coordinator.namespace}"
         )
     # Draft length: the coordinator may not ask the draft for more than it serves.
     if coordinator.engine.max_draft_tokens > draft.draft.max_draft_tokens:
         problems.append(
-            f"coordinator max-draft-tokens {coordinator.engine.max_draft_tokens} > draft max-draft-tokens {draft.draft.max_draft_tokens}"
+            f"coordinator max-draft-tokens {coordinator.engine.max_draft_tokens} "
+            f"> draft max-draft-tokens {draft.draft.max_draft_tokens}"
         )
     # Metrics: bound on all interfaces, on the port the scrape annotation names.
     for role, host, port in (
@@ -333,7 +342,8 @@ def check_wiring(objs: list[dict]) -> list[str]:
         for _, r, template in pod_templates(objs):
             if r == role and template["metadata"].get("annotations", {}).get("prometheus.io/port") != str(port):
                 problems.append(
-                    f"{role}: prometheus.io/port is {template['metadata'].get('annotations', {}).get('prometheus.io/port')}, metrics are on {port}"
+                    f"{role}: prometheus.io/port is "
+                    f"{template['metadata'].get('annotations', {}).get('prometheus.io/port')}, metrics are on {port}"
                 )
     # gRPC probes: on the serving port; a named service must be a real one.
     services = _grpc_service_names()
@@ -395,7 +405,8 @@ def check_target_tier(objs: list[dict], overlay: str) -> list[str]:
         worker = group["template"]["spec"]["containers"][0]
         if not pool.cpus_per_actor or not pool.cpus_per_actor <= cpus < 2 * pool.cpus_per_actor:
             problems.append(
-                f"worker group {group['groupName']}: num-cpus {cpus} with --cpus-per-actor {pool.cpus_per_actor} is not one actor per pod"
+                f"worker group {group['groupName']}: num-cpus {cpus} with --cpus-per-actor {pool.cpus_per_actor} "
+                "is not one actor per pod"
             )
         if quantity(worker["resources"]["requests"]["cpu"]) < cpus:
             problems.append(f"worker group {group['groupName']}: num-cpus {cpus} exceeds the pod's CPU request")
@@ -403,7 +414,8 @@ def check_target_tier(objs: list[dict], overlay: str) -> list[str]:
             problems.append(f"worker group {group['groupName']}: replicas outside [minReplicas, maxReplicas]")
         if pool.replicas > group["maxReplicas"]:
             problems.append(
-                f"the pool asks for {pool.replicas} actors; worker group {group['groupName']} stops at {group['maxReplicas']} pods"
+                f"the pool asks for {pool.replicas} actors; "
+                f"worker group {group['groupName']} stops at {group['maxReplicas']} pods"
             )
         gpus = worker.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
         if overlay == "gpu" and not (gpus and int(gpus) >= 1):
@@ -492,7 +504,8 @@ def check_tracing(objs: list[dict]) -> list[str]:
         ]
         if not port_spec or [p["containerPort"] for p in container_ports] != [receiver_port]:
             problems.append(
-                f"OTLP {protocol} to {svc_name}:{port} does not reach the collector's {protocol} receiver on :{receiver_port}"
+                f"OTLP {protocol} to {svc_name}:{port} does not reach "
+                f"the collector's {protocol} receiver on :{receiver_port}"
             )
     pipeline = config.get("service", {}).get("pipelines", {}).get("traces", {})
     for section in ("receivers", "processors", "exporters"):

@@ -44,11 +44,15 @@ ENV_POLICY: dict[str, tuple[str, ...] | str] = {
     "SPECDEC_TRACE_FILE": "default: the local span file of `specdec up`; in a cluster spans go over OTLP",
     "RAY_AUTH_MODE": RAY_ROLES,
     "RAY_AUTH_TOKEN": RAY_ROLES,  # from a Secret (checked)
-    "SPECDEC_COORDINATOR_TLS_CERT": "default: unset serves plaintext; in-cluster traffic stays in the cluster (TLS is for a port exposed outside it)",
+    "SPECDEC_COORDINATOR_TLS_CERT": "default: unset serves plaintext; in-cluster traffic stays in the cluster "
+    "(TLS is for a port exposed outside it)",
     "SPECDEC_COORDINATOR_TLS_KEY": "default: goes with SPECDEC_COORDINATOR_TLS_CERT",
-    "SPECDEC_DRAFT_AUTH_TOKEN": "default: unset leaves the draft port open to the cluster network; set it from a Secret to require a token",
+    "SPECDEC_DRAFT_AUTH_TOKEN": "default: unset leaves the draft port open to the cluster network; "
+    "set it from a Secret to require a token",
     "SPECDEC_COORDINATOR_DRAFT_AUTH_TOKEN": "default: goes with SPECDEC_DRAFT_AUTH_TOKEN (the same Secret)",
-    "SPECDEC_PACKED_LINEAR": "default: on, oneDNN's packed kernels for verify passes on a CPU (a second copy of the weights: 1.07 GB for the embedded target, inside the CPU overlay's 4 GiB worker); off on a GPU by itself",
+    "SPECDEC_PACKED_LINEAR": "default: on, oneDNN's packed kernels for verify passes on a CPU "
+    "(a second copy of the weights: 1.07 GB for the embedded target, inside the CPU overlay's 4 GiB worker); "
+    "off on a GPU by itself",
 }
 # Names read directly (os.environ.get("X")), and names kept in constants (X_ENV = "SPECDEC_X").
 _ENV_READ = re.compile(r"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[(\[]|getenv\s*\()\s*["']([A-Z][A-Z0-9_]+)["']""")
@@ -65,7 +69,8 @@ def _render_text(overlay: str) -> str:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.fail(
-            "kubectl is not on PATH: these tests render k8s/overlays/* with `kubectl kustomize` (kubectl >= 1.14 has kustomize built in)"
+            "kubectl is not on PATH: these tests render k8s/overlays/* with `kubectl kustomize` "
+            "(kubectl >= 1.14 has kustomize built in)"
         )
     done = subprocess.run(
         [kubectl, "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True, timeout=60

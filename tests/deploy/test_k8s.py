@@ -132,7 +132,8 @@ def test_every_env_var_the_code_reads_is_decided():
             read |= set(_ENV_READ.findall(text)) | set(_ENV_LITERAL.findall(text))
     undecided = sorted(read - set(ENV_POLICY))
     assert not undecided, (
-        f"the code reads {undecided}: add each to ENV_POLICY in tests/k8s_objects.py (which roles must set it, or why its default is right) and set it in k8s/"
+        f"the code reads {undecided}: add each to ENV_POLICY in tests/deploy/k8s_objects.py "
+        "(which roles must set it, or why its default is right) and set it in k8s/"
     )
     assert {"SPECDEC_CACHE_DIR", "RAY_AUTH_TOKEN", "OTEL_EXPORTER_OTLP_ENDPOINT"} <= read, (
         "the grep still finds the variables it should"

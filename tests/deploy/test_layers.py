@@ -58,3 +58,24 @@ def test_layers_hold(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "Contracts: " in proc.stdout and " broken" in proc.stdout  # the contracts ran
+
+
+def test_every_package_names_a_public_face_that_resolves():
+    """Each package's __init__ lists its public names; each must import from the module it names."""
+    import importlib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    faces = 0
+    for name in setuptools["packages"]:
+        package = importlib.import_module(name)
+        assert package.__doc__, f"{name}/__init__.py says nothing of what the package is"
+        for public in getattr(package, "__all__", ()):
+            assert getattr(package, public) is not None, f"{name}.{public}"
+            faces += 1
+    assert faces > 50
+
+
+def test_light_modules_stay_light():
+    """A package's public face is imported on first use: the CLI's flag types load no torch."""
+    code = "import sys, specdec.core.flag_types; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -27,7 +27,7 @@ def _committed_generated() -> set[Path]:
 def test_generated_code_matches_protos(tmp_path: Path) -> None:
     fresh = {p.relative_to(tmp_path) for p in generate(tmp_path)}
     committed = _committed_generated()
-    hint = "run `python -m specdec.protogen` and commit the result"
+    hint = "run `python -m specdec.cli.protogen` and commit the result"
     assert fresh == committed, (
         f"missing: {sorted(map(str, fresh - committed))}, extra: {sorted(map(str, committed - fresh))}; {hint}"
     )

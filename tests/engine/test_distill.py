@@ -171,9 +171,9 @@ def test_distill_writes_a_servable_draft_and_resumes_where_it_stopped(target_spe
             f"document {i}: the quick brown fox jumps over the lazy dog. " * 30
         )
     out = tmp_path / "draft"
-    args = ["--target-model", target_spec, "--out", str(out), "--layers", "1", "--vocab-size", "96", "--seq-len", "32", "--batch", "2",
-            "--eval-every", "2", "--checkpoint-every", "2", "--corpus", str(tmp_path / "text"), "--vocab-sample-tokens", "64",
-            "--save-dtype", "float32"]  # fmt: skip
+    args = ["--target-model", target_spec, "--out", str(out), "--layers", "1", "--vocab-size", "96",
+            "--seq-len", "32", "--batch", "2", "--eval-every", "2", "--checkpoint-every", "2",
+            "--corpus", str(tmp_path / "text"), "--vocab-sample-tokens", "64", "--save-dtype", "float32"]  # fmt: skip
     assert main(args + ["--steps", "4"]) == 0
     first = json.loads((out / "log.json").read_text())["log"]
     assert [e["step"] for e in first] == [0, 1, 2, 3, 4] and "heldout_acceptance" in first[0]

@@ -1,5 +1,5 @@
-"""Column kernels and oneDNN's packed kernels (specdec/projection.py): the same products as
-F.linear up to float rounding, for every row count and both sides of each switch, applied by
+"""Column kernels and oneDNN's packed kernels (specdec/runtime/projection.py): the same products
+as F.linear up to float rounding, for every row count and both sides of each switch, applied by
 loading on the CPU; a packed copy never outlives a change of its weight, and training never
 uses it."""
 

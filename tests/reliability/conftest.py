@@ -31,7 +31,7 @@ from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
 
 NAMESPACE = "specdec-test"  # the ray_local fixture's
-TARGET_SEED = 1  # tests/test_engine.py's target: neither stalls nor never repeats
+TARGET_SEED = 1  # tests/engine/test_engine.py's target: neither stalls nor never repeats
 MAX_DRAFT = 8  # the served engine's max_draft_tokens
 PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17]  # repeats: the n-gram drafter drafts
 

@@ -1,12 +1,13 @@
 """The local stack taken apart so that each part can fail on purpose, and clients that record
 every delta of every stream.
 
-`DraftProcess` is `python -m draft_service` (kill -9, SIGTERM, SIGSTOP hit a real process and
-a restart binds the same port); the target pool is named actors on the test session's Ray;
-`Coordinator` runs the gRPC coordinator in a thread of this process (its engine, pool and draft
-client stay inspectable) and `CoordinatorProcess` runs `python -m coordinator` (what kill -9 hits).
-`Streams` runs GenerateStream calls in threads and keeps, per call, the concatenated deltas,
-the final message, the status and the time of every message.
+`DraftProcess` is `python -m specdec.draft_service` (kill -9, SIGTERM, SIGSTOP hit a real
+process and a restart binds the same port); the target pool is named actors on the test
+session's Ray; `Coordinator` runs the gRPC coordinator in a thread of this process (its engine,
+pool and draft client stay inspectable) and `CoordinatorProcess` runs
+`python -m specdec.coordinator` (what kill -9 hits). `Streams` runs GenerateStream calls in
+threads and keeps, per call, the concatenated deltas, the final message, the status and the
+time of every message.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class _Process:
 
 
 class DraftProcess(_Process):
-    """`python -m draft_service` on `port` (0: any); returns once its health says SERVING."""
+    """`python -m specdec.draft_service` on `port` (0: any); returns once its health says SERVING."""
 
     def __init__(self, port: int = 0, draft_model: str = "ngram", flags: Sequence[str] = ()):
         args = [
@@ -154,12 +155,13 @@ class DraftProcess(_Process):
 
 
 class CoordinatorProcess(_Process):
-    """`python -m coordinator` over a draft address and a target pool on the test's Ray."""
+    """`python -m specdec.coordinator` over a draft address and a target pool on the test's Ray."""
 
     def __init__(self, draft: str, pool: str, flags: Sequence[str] = ()):
         gcs = ray.get_runtime_context().gcs_address
-        args = [sys.executable, "-m", "specdec.coordinator", "--draft", draft, "--target-pool", pool, "--namespace", NAMESPACE,
-                "--ray-address", gcs, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", *flags]  # fmt: skip
+        args = [sys.executable, "-m", "specdec.coordinator", "--draft", draft, "--target-pool", pool,
+                "--namespace", NAMESPACE, "--ray-address", gcs, "--host", "127.0.0.1", "--port", "0",
+                "--metrics-port", "0", *flags]  # fmt: skip
         super().__init__(args)
         try:
             self.address = self.line("coordinator listening on ").split()[3]
@@ -219,8 +221,16 @@ class Coordinator:
     """GenerationServer over a DraftClient and a TargetPool, on `loop`, as `specdec coordinator`
     builds it (connect_engine) but in this process so tests can look inside."""
 
-    def __init__(self, loop: LoopThread, draft_address: str, pool: str, engine: EngineConfig = EngineConfig(), max_inflight: int = 64,
-                 draft_client: DraftClientConfig = DraftClientConfig(), pool_config: dict | None = None):  # fmt: skip
+    def __init__(
+        self,
+        loop: LoopThread,
+        draft_address: str,
+        pool: str,
+        engine: EngineConfig = EngineConfig(),
+        max_inflight: int = 64,
+        draft_client: DraftClientConfig = DraftClientConfig(),
+        pool_config: dict | None = None,
+    ):
         self.loop = loop
 
         async def start():
@@ -386,7 +396,7 @@ PROMPTS = [
     [200, 3, 200, 4, 200, 3, 200],
 ]
 GREEDY = common_pb2.SamplingParams()
-# float32-exact values (as in tests/test_coordinator.py), a seed per prompt
+# float32-exact values (as in tests/stack/test_coordinator.py), a seed per prompt
 SEEDED = [common_pb2.SamplingParams(temperature=0.75, top_k=50, top_p=0.875, seed=seed) for seed in (11, 12, 13)]
 
 

@@ -254,7 +254,8 @@ HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 JUNK = {
     "random bytes": bytes(range(256)) * 64,
     "an HTTP/1.1 request": b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-    "an HTTP/1.1 POST to the method": b"POST /specdec.v1.GenerationService/Generate HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+    "an HTTP/1.1 POST to the method": b"POST /specdec.v1.GenerationService/Generate HTTP/1.1\r\n"
+    b"Host: x\r\nContent-Length: 5\r\n\r\nhello",
     "the HTTP/2 preface, then junk frames": HTTP2_PREFACE + b"\x00\x00\x04\xff\x00\x00\x00\x00\x01" + b"\xee" * 4096,
     "a TLS ClientHello": bytes.fromhex("16030100a5010000a10303") + b"\x00" * 160,
 }
@@ -333,7 +334,8 @@ def test_a_client_killed_mid_stream_frees_both_tiers(served):
         import grpc, sys
         from specdec.v1 import generation_pb2 as pb, generation_pb2_grpc
         channel = grpc.insecure_channel("{served.address}")
-        stream = generation_pb2_grpc.GenerationServiceStub(channel).GenerateStream(pb.GenerateStreamRequest(prompt_token_ids={PROMPT}, max_new_tokens=200), timeout=60)
+        request = pb.GenerateStreamRequest(prompt_token_ids={PROMPT}, max_new_tokens=200)
+        stream = generation_pb2_grpc.GenerationServiceStub(channel).GenerateStream(request, timeout=60)
         next(stream)
         print("streaming", flush=True)
         sys.stdin.read()

@@ -66,7 +66,8 @@ def test_draft_server_killed_and_restarted_mid_stream(stack, expected):
     stack.assert_clean()
     _serves_again(stack, expected)
     print(
-        f"\ndraft kill -9: {len(outcomes)} streams, {sum(len(o.tokens) for o in outcomes)} tokens as unfaulted; draft failures {[o.final.speculation.draft_failures for o in outcomes]}"
+        f"\ndraft kill -9: {len(outcomes)} streams, {sum(len(o.tokens) for o in outcomes)} tokens as unfaulted; "
+        f"draft failures {[o.final.speculation.draft_failures for o in outcomes]}"
     )
 
 
@@ -101,7 +102,8 @@ def test_target_actor_killed_and_restarted_by_ray_mid_stream(stack, expected):
     stack.assert_clean()
     _serves_again(stack, expected)
     print(
-        f"\nactor kill: {len(outcomes)} streams, {sum(len(o.tokens) for o in outcomes)} tokens as unfaulted; {stack.coordinator.pool.resends - resends} resends; longest gap {max(max(o.gaps()) for o in outcomes):.1f} s"
+        f"\nactor kill: {len(outcomes)} streams, {sum(len(o.tokens) for o in outcomes)} tokens as unfaulted; "
+        f"{stack.coordinator.pool.resends - resends} resends; longest gap {max(max(o.gaps()) for o in outcomes):.1f} s"
     )
 
 
@@ -132,7 +134,8 @@ def test_coordinator_killed_mid_stream_then_restarted(stack, expected):
         assert freed < TTL_S + 5
         worst = max(o.ended - killed for o in outcomes)
         print(
-            f"\ncoordinator kill -9: {len(outcomes)} streams UNAVAILABLE within {worst * 1e3:.0f} ms; both tiers freed {len(REQUESTS)} sessions {freed:.1f} s later (TTL {TTL_S} s)"
+            f"\ncoordinator kill -9: {len(outcomes)} streams UNAVAILABLE within {worst * 1e3:.0f} ms; "
+            f"both tiers freed {len(REQUESTS)} sessions {freed:.1f} s later (TTL {TTL_S} s)"
         )
     finally:
         coordinator.stop()

@@ -174,8 +174,10 @@ class Watch:
             store = self.stack.core.store
             self.samples.append({
                 "coordinator_in_flight": self.stack.coordinator.stats.in_flight,
-                "draft_sessions": len(store), "draft_tokens": store.total_tokens, "draft_queue": self.stack.core.queue_depth,
-                "actor_sessions": info["sessions"], "actor_tokens": info["cached_tokens"], "actor_queued": info["queued"],
+                "draft_sessions": len(store), "draft_tokens": store.total_tokens,
+                "draft_queue": self.stack.core.queue_depth,
+                "actor_sessions": info["sessions"], "actor_tokens": info["cached_tokens"],
+                "actor_queued": info["queued"],
             })  # fmt: skip
 
     def __enter__(self) -> Watch:
@@ -231,8 +233,9 @@ def _check(stack: LoadStack, tally: Tally, watch: Watch, unloaded, label: str) -
     )
     assert len(stack.core.store) == 0 and stack.actor_info()["sessions"] == 0
     print(
-        f"\n{label}: {len(tally.completed)} streams completed ({len(greedy)} greedy ones compared), {tally.refused} refused; "
-        f"peaks: draft {max(c.stats.peak_sessions for c in stack.cores)} sessions / {max(c.stats.peak_cached_tokens for c in stack.cores)} tokens, "
+        f"\n{label}: {len(tally.completed)} streams completed ({len(greedy)} greedy ones compared), "
+        f"{tally.refused} refused; peaks: draft {max(c.stats.peak_sessions for c in stack.cores)} sessions / "
+        f"{max(c.stats.peak_cached_tokens for c in stack.cores)} tokens, "
         f"actor {info['peaks']}, coordinator {watch.peak('coordinator_in_flight')} in flight"
     )
 

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import specdec.coordinator.__main__ as coordinator_main
 import specdec.draft_service.__main__ as draft_main
-from specdec import cli
+from specdec.cli import app as cli
 from specdec.coordinator import server as coordinator_server
 from specdec.coordinator.clients import DraftClient, DraftClientConfig
 from specdec.coordinator.server import MAX_MESSAGE_BYTES, SERVICE_NAME, GenerationServer, ServerConfig
@@ -212,7 +212,7 @@ def test_coordinator_flags_and_environment_give_the_tls_files(tls_server):
         )
 
 
-# --- a token on the draft tier -----------------------------------------------------------------------------------------
+# --- a token on the draft tier ----------------------------------------------------------------------------------------
 
 
 def test_token_flags_and_environment_and_no_token_in_help_or_repr():

@@ -71,8 +71,10 @@ def _assert_latency_bounded(outcomes, round_budget_s: float, label: str) -> None
     last = max(o.gaps()[-1] for o in outcomes)
     assert last < ENGINE.draft_timeout_s + SLACK_S
     print(
-        f"\n{label}: {len(outcomes)} streams as unfaulted; gaps p50 {percentile(gaps, 0.5) * 1e3:.0f} ms, p99 {percentile(gaps, 0.99) * 1e3:.0f} ms, "
-        f"max {max(gaps) * 1e3:.0f} ms; last message to status at most {last * 1e3:.0f} ms; draft failures {sum(o.final.speculation.draft_failures for o in outcomes)}"
+        f"\n{label}: {len(outcomes)} streams as unfaulted; "
+        f"gaps p50 {percentile(gaps, 0.5) * 1e3:.0f} ms, p99 {percentile(gaps, 0.99) * 1e3:.0f} ms, "
+        f"max {max(gaps) * 1e3:.0f} ms; last message to status at most {last * 1e3:.0f} ms; "
+        f"draft failures {sum(o.final.speculation.draft_failures for o in outcomes)}"
     )
 
 
@@ -135,7 +137,8 @@ def test_stalled_target_deadlines_hold(stack, expected):
     assert stall_s * 0.9 < max(gaps) < stall_s + SLACK_S + 1.0  # the stall, and nothing more
     released = stack.assert_clean()
     print(
-        f"\ntarget SIGSTOP {stall_s} s: {len(cut)} calls DEADLINE_EXCEEDED after at most {max(o.ended - o.started for o in cut) * 1e3:.0f} ms "
+        f"\ntarget SIGSTOP {stall_s} s: {len(cut)} calls DEADLINE_EXCEEDED "
+        f"after at most {max(o.ended - o.started for o in cut) * 1e3:.0f} ms "
         f"(deadline {deadline_s * 1e3:.0f} ms); {len(outcomes)} streams as unfaulted, longest gap {max(gaps):.2f} s; "
         f"coordinator and tiers clean {released:.1f} s after the last stream"
     )
@@ -175,5 +178,6 @@ def test_jittery_draft_for_half_a_minute(stack, expected):
     stack.assert_clean()
     gaps = [gap for o in outcomes for gap in o.gaps()]
     print(
-        f"\n{waves} waves, {len(outcomes)} streams, {len(gaps)} gaps: p50 {percentile(gaps, 0.5) * 1e3:.0f} ms, p99 {percentile(gaps, 0.99) * 1e3:.0f} ms"
+        f"\n{waves} waves, {len(outcomes)} streams, {len(gaps)} gaps: "
+        f"p50 {percentile(gaps, 0.5) * 1e3:.0f} ms, p99 {percentile(gaps, 0.99) * 1e3:.0f} ms"
     )

@@ -33,7 +33,8 @@ def test_position_rates_are_conditional_on_the_earlier_drafts():
     # First round is the prefill and does not count; then 4 rounds of k = 3.
     req = _request("a", [(0, 0), (3, 3), (3, 0), (3, 1), (3, 3)], 10.0, lambda n: 10.0)
     rates = position_rates([req])
-    # position 1 judged 4 times, accepted 3; position 2 judged 3 times (after an accepted 1), accepted 2; position 3: 2 of 2.
+    # Position 1 judged 4 times, accepted 3; position 2 judged 3 times (after an accepted 1),
+    # accepted 2; position 3: 2 of 2.
     assert rates == [pytest.approx(3 / 4), pytest.approx(2 / 3), pytest.approx(1.0)]
     # Unconditional per-position acceptance (all rounds, prefill included: it drafted nothing).
     assert acceptance_by_position([req]) == [pytest.approx(3 / 4), pytest.approx(2 / 4), pytest.approx(2 / 4)]
@@ -77,7 +78,8 @@ def test_specdec_bench_runs_the_whole_suite(tiny_dir, ray_local, tmp_path, monke
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "out"
     argv = [
-        "bench", "--target-model", tiny_dir("llama", 1), "--model-drafter", "first:1", "--workload", "copy", "--workload", "free",
+        "bench", "--target-model", tiny_dir("llama", 1), "--model-drafter", "first:1",
+        "--workload", "copy", "--workload", "free",
         "--prompts", "1", "--repeats", "1", "--max-new-tokens", "8", "--max-prompt-tokens", "64",
         "--concurrency", "1,4", "--concurrency-prompts", "4", "--concurrency-new-tokens", "6", "--out", str(out),
     ]  # fmt: skip
@@ -119,7 +121,7 @@ def test_specdec_bench_runs_the_whole_suite(tiny_dir, ray_local, tmp_path, monke
     assert conc["off"]["4"]["draft_tokens"] == 0
     assert {g["goal"].split(":")[0] for g in results["goals"]} >= {"copy, batch 1", "free, batch 1"}
     goals = {g["goal"] for g in results["goals"]}
-    assert "copy, batch 1: hybrid tokens/s over ngram's" in goals  # issue 10's goals are measured too
+    assert "copy, batch 1: hybrid tokens/s over ngram's" in goals  # the model drafters' goals too
     assert any(g.startswith("free, batch 1: ") and "drafter per-token acceptance" in g for g in goals)
     free = results["batch1"]["summary"]["free"]
     drafted = {

@@ -83,6 +83,17 @@ def test_demo_streams_through_the_local_stack_and_stops_every_part(ray_local, ti
     assert ray_local.is_initialized()  # a Ray the stack did not start is left running
 
 
+# Refused by `specdec coordinator` and by `specdec up` / `demo` alike: one declaration of the flags.
+REFUSED = (
+    ["--default-draft-tokens", "9", "--max-draft-tokens", "8"],
+    ["--port", "70000"],
+    ["--pipeline", "yes"],
+    ["--draft-timeout", "0"],
+    ["--speculation-max-running", "-1"],
+    ["--max-inflight", "0"],
+)
+
+
 def test_coordinator_flags_and_environment_map_onto_the_config():
     from specdec.coordinator.__main__ import parse_config
 
@@ -96,14 +107,36 @@ def test_coordinator_flags_and_environment_map_onto_the_config():
         [], {"SPECDEC_COORDINATOR_DRAFT": "dns:///draft:50052", "SPECDEC_COORDINATOR_PIPELINE": "off"}
     )
     assert from_env.draft == "dns:///draft:50052" and not from_env.engine.pipeline and config.engine.pipeline
-    bad = (
-        ["--default-draft-tokens", "9", "--max-draft-tokens", "8"],
-        ["--port", "70000"],
-        ["--pipeline", "yes"],
-        ["--draft-timeout", "0"],
-    )
     with pytest.raises(SystemExit):
         parse_config([], {})  # --draft is required
-    for argv in bad:
+    for argv in REFUSED:
         with pytest.raises(SystemExit):
             parse_config(["--draft", "x:1", *argv], {})
+
+
+def test_up_reads_the_engine_flags_as_the_coordinator_does(monkeypatch):
+    from specdec.cli import app
+    from specdec.coordinator.__main__ import parse_config
+
+    seen = []
+
+    async def up(config, status_every_s):
+        seen.append(config)
+        return 0
+
+    # `specdec up` as typed, stopped before it starts anything (no tracing set up for the process).
+    monkeypatch.setattr(app, "_up", up)
+    monkeypatch.setattr("specdec.telemetry.tracing.configure_tracing", lambda *args, **kwargs: None)
+    for argv in (
+        [],
+        ["--max-draft-tokens", "8", "--default-draft-tokens", "2", "--max-inflight", "3", "--pipeline", "off"],
+        ["--adaptive", "off", "--speculation-token-budget", "24", "--draft-timeout", "0.5"],
+    ):
+        seen.clear()
+        assert main(["up", "--trace-file", "", *argv]) == 0
+        coordinator = parse_config(["--draft", "x:1", *argv], {})
+        assert seen[0].engine == coordinator.engine
+        assert seen[0].server.max_inflight == coordinator.server.max_inflight
+    for argv in REFUSED:
+        with pytest.raises(SystemExit):
+            main(["up", "--trace-file", "", *argv])

@@ -68,7 +68,7 @@ def observed(tiny_dir, ray_local, tmp_path_factory):
     logs: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: logs.append(record.getMessage())
-    logger = logging.getLogger("coordinator")
+    logger = logging.getLogger("specdec.coordinator")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 
@@ -205,8 +205,9 @@ def test_specdec_trace_prints_every_round(observed, capsys):
 
 def test_render_nests_children_and_marks_errors():
     def span(span_id, parent, name, start, end, **attributes):
-        return {"trace_id": "t", "span_id": span_id, "parent_span_id": parent, "name": name, "service": "s", "kind": "INTERNAL",
-                "start_ns": start, "end_ns": end, "status": "ERROR" if name == "bad" else "UNSET", "attributes": attributes}  # fmt: skip
+        return {"trace_id": "t", "span_id": span_id, "parent_span_id": parent, "name": name, "service": "s",
+                "kind": "INTERNAL", "start_ns": start, "end_ns": end, "status": "ERROR" if name == "bad" else "UNSET",
+                "attributes": attributes}  # fmt: skip
 
     spans = [
         span("a", "", "specdec.v1.GenerationService/Generate", 0, 10_000_000),

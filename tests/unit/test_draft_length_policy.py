@@ -1,0 +1,91 @@
+"""The draft-length policy alone: a plan before each round, an observation after it, no engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.coordinator.adaptive import LOOKUP, MODEL, CostModel, DraftLengthPolicy, RoundPlan
+from specdec.core.acceptance import DraftProposal
+
+
+@dataclass
+class Settings:
+    adaptive: bool = True
+    probe_every: int = 4
+    speculation_max_running: int = 0
+    speculation_token_budget: int = 0
+
+
+def costs(per_position: float = 0.016) -> CostModel:
+    """A CPU-like target: 100 ms a pass, +16% of it per extra position; lookups free."""
+    model = CostModel()
+    for n in range(1, 10):
+        model.observe_verify(n, 0.1 + per_position * (n - 1))
+    return model
+
+
+def pass_s(drafts: int) -> float:
+    return 0.1 + 0.016 * drafts  # the target of `costs()`
+
+
+def rejected(policy: DraftLengthPolicy, planned: RoundPlan, source: str = "ngram") -> None:
+    proposal = DraftProposal([1] * planned.k, source=source)
+    policy.observe(planned, proposal, False, 0, draft_s=0.0, verify_s=pass_s(planned.k))
+
+
+def test_fixed_and_load_plans():
+    assert DraftLengthPolicy(Settings(adaptive=False), costs(), set(), greedy=True).plan(5, 1) == (5, None, "fixed")
+    assert DraftLengthPolicy(Settings(), costs(), set(), greedy=True).plan(0, 1) == (0, None, "fixed")
+    busy = DraftLengthPolicy(Settings(speculation_max_running=2), costs(), set(), greedy=True)
+    assert busy.plan(8, 3) == (0, None, "load") and busy.plan(8, 2).k > 0
+    budget = DraftLengthPolicy(Settings(speculation_token_budget=8), costs(0.0), set(), greedy=True)
+    assert budget.plan(8, 4) == (1, None, "load")  # 8 // 4 - 1: one draft beside its own position
+    assert budget.plan(8, 8) == (0, None, "load")
+
+
+def test_rejected_drafts_stop_then_probe_every_few_rounds():
+    policy = DraftLengthPolicy(Settings(), costs(), set(), greedy=True)
+    ks = []
+    for _ in range(24):
+        planned = policy.plan(8, 1)
+        ks.append(planned.k)
+        rejected(policy, planned)
+    assert ks[0] > 0  # the prior (alpha 0.5) drafts
+    later = ks[12:]
+    assert later.count(1) == len(later) // 4 and set(later) <= {0, 1}, ks  # k = 0, a 1-token probe every 4th
+
+
+def test_accepted_lookups_draft_long_and_a_rejected_model_is_capped():
+    shared_sources: set[str] = set()
+    policy = DraftLengthPolicy(Settings(), costs(), shared_sources, greedy=True)
+    for i in range(40):
+        planned = policy.plan(8, 1)
+        source = "ngram" if i % 2 else "model"
+        drafted = planned.k if source == "ngram" else min(planned.k, planned.model_k or planned.k)
+        accepted = drafted if source == "ngram" else 0
+        proposal = DraftProposal([1] * drafted, source=source)
+        policy.observe(planned, proposal, False, accepted, draft_s=0.001 * drafted, verify_s=pass_s(drafted))
+    assert shared_sources == {LOOKUP, MODEL}  # the engine's set, filled by the request's rounds
+    final = policy.plan(8, 1)
+    assert final.k >= 4 and final.model_k in (0, 1)  # lookups draft long; the model at 0, or its probe
+    assert policy.pipelined_model_k(final.model_k) == 0  # a hybrid's pipelined call is a lookup only
+
+
+def test_the_first_verify_is_prefill_not_a_round_cost():
+    model = CostModel()
+    policy = DraftLengthPolicy(Settings(), model, set(), greedy=True)
+    planned = policy.plan(4, 1)
+    policy.observe(planned, DraftProposal([], source=""), False, 0, draft_s=0.0, verify_s=5.0)
+    assert model.verify(1) == 1.0  # still the prior: the prompt's prefill priced nothing
+    policy.observe(planned, DraftProposal([], source=""), False, 0, draft_s=0.0, verify_s=0.2)
+    assert model.verify(1) == 0.2
+
+
+def test_a_sampled_model_draft_fixes_k():
+    policy = DraftLengthPolicy(Settings(), costs(), set(), greedy=False)
+    planned = policy.plan(6, 1)
+    q = torch.full((planned.k, 8), 1 / 8)
+    policy.observe(planned, DraftProposal([1] * planned.k, q, "model"), False, 0, draft_s=0.0, verify_s=0.1)
+    assert policy.plan(6, 1) == (6, None, "fixed")  # seeded outputs then depend on k only
