@@ -7,9 +7,9 @@ With per-token acceptance rate α, a round that drafts k tokens commits in expec
     E[tokens | k] = (1 - α^(k+1)) / (1 - α)
 
 tokens (the accepted prefix plus the target's own token), and costs draft(k) + verify(k + 1).
-The round picks the k in [0, k_max] with the most expected tokens per second. On this CPU a
-verify pass over 9 positions costs about 2.2 single steps, so with α = 0.24 (the n-gram
-drafter on free text) every k above 0 loses, while with α = 0.9 (copying) k = 8 wins.
+The round picks the k in [0, k_max] with the most expected tokens per second: where extra
+verify positions cost a share of a pass (a CPU), a low α drafts nothing and a high one drafts
+long; where they are nearly free (a GPU), even a low α drafts a few.
 
 The costs are the engine's, shared by its requests and learned online from every round: verify
 time per number of positions (the median of its last passes, so load on the target tier shows up
@@ -19,10 +19,13 @@ exponentially weighted count of accepted over tested draft positions.
 
 Lookups and model drafts are priced apart. A hybrid draft tier answers a round by prompt lookup
 where the context repeats (microseconds, often accepted) and with its model elsewhere (a model
-step per token, accepted far less): one α and one cost for both made k a compromise that
-drafted too little where lookups were right and too much where the model was wrong (mean
-k 0.3 on free text, 0.8-0.9x the n-gram drafter alone). So α is kept per source class, draft
-costs too, and a round asks for the lookup's best k with the model capped at its own (`plan`).
+step per token, accepted far less): one α and one cost for both would make k a compromise,
+too short where lookups are right and too long where the model is wrong. So α is kept per
+source class, draft costs too, and a round asks for the lookup's best k with the model capped
+at its own (`plan`).
+
+`DraftLengthPolicy` is the per-request object the engine asks before each round (`plan`) and
+tells after it (`observe`).
 
 When the best k is 0 the request still probes with k = 1 every `probe_every` rounds, so a
 request whose text starts to repeat, or a tier whose load drops, gets speculation back; below
@@ -75,8 +78,8 @@ class CostModel:
     def observe_verify(self, positions: int, seconds: float) -> None:
         """A verify pass's time. Each count's estimate is the median of its last `window` passes:
         one stalled pass (a collection, a first-use kernel setup) among good ones moves it not at
-        all, load that lasts shows within a few rounds. A mean let one 1-second pass price a
-        count so high that k never went there again, so it was never measured again."""
+        all, load that lasts shows within a few rounds; with a mean, one stall could price a count
+        so high that k never goes there again, so nothing would measure it again."""
         samples = self._verify_samples.setdefault(positions, deque(maxlen=self.window))
         samples.append(seconds)
         self._verify[positions] = statistics.median(samples)
@@ -90,9 +93,8 @@ class CostModel:
 
     def verify(self, positions: int) -> float:
         """A pass over `positions`, never above a measured longer pass: a pass over more positions
-        never costs less, so where a longer one was measured cheaper, the shorter one's estimate
-        holds a slow pass (timing noise is a stall, upwards). With V(2) measured under V(1), a model
-        right 7% of the time drafted, for a gain that was only the noise."""
+        never costs less, so where a longer one measured cheaper, the shorter one's estimate holds
+        a slow pass (timing noise is a stall, upwards), and noise must not buy a draft."""
         longer = [seconds for n, seconds in self._verify.items() if n > positions]
         return min([self._interpolated(positions), *longer])
 
@@ -117,8 +119,7 @@ class CostModel:
             # Not measured yet: a lookup is free, a model costs a typical c of 0.1 target steps a
             # token (the shipped distilled draft's is 0.11). Only a model round after a model
             # round is measured (catch-up excluded), and a hybrid's model rounds seldom follow
-            # each other: priced free meanwhile, a model right 5-8% of the time kept drafting
-            # wherever a verify position cost less than that.
+            # each other: priced free meanwhile, a model that is seldom right would keep drafting.
             per_token = 0.0 if source == LOOKUP else self.model_prior_c * self.verify(1)
         return per_token * k
 

@@ -5,7 +5,7 @@ speculation (k = 0), not the request; speculation is retried `draft_retry_s` lat
 tier that comes back is used again. The tokens never change: k = 0 goes through the same
 verifier, and every draw is keyed by position.
 
-Pipelining (DESIGN.md, "Batching and pipelining"): each proposal asks for one token more than
+Pipelining (docs/design.md, "Drafting, pipelining, load"): each proposal asks for one token more than
 the round drafts. While the round is verified, the next round's proposal is requested for the
 context that full acceptance would give, with that extra token as the guess of the target's
 bonus. If verification agrees, the next round starts with its drafts ready; if not, the

@@ -187,7 +187,8 @@ class SpeculativeEngine:
         self.running += 1
         try:
             while True:
-                kept, text = await self._round(g, g.policy.plan(g.draft_room(len(g.tokens)), self.running))
+                cap = g.draft_room(len(g.tokens))
+                kept, text = await self._round(g, cap, g.policy.plan(cap, self.running))
                 g.tokens.extend(kept)
                 if first_token_s is None and kept:
                     first_token_s = self.clock() - started
@@ -206,11 +207,11 @@ class SpeculativeEngine:
             await g.drafts.cancel_pipelined()
             await asyncio.gather(self._end_draft_session(g.session_id), self.verifier.end_session(g.session_id))
 
-    async def _round(self, g: _Generation, planned: RoundPlan) -> tuple[list[int], str]:
-        """One round: drafts, one verify pass (the next round's drafts asked for meanwhile),
-        commit. Returns the tokens kept (EOS, stop strings and the length limits applied) and
-        their text."""
-        with observe.round_span(self.tracer, g.stats.rounds, g.draft_room(len(g.tokens)), planned.why) as span:
+    async def _round(self, g: _Generation, cap: int, planned: RoundPlan) -> tuple[list[int], str]:
+        """One round, at most `cap` drafts: drafts, one verify pass (the next round's drafts asked
+        for meanwhile), commit. Returns the tokens kept (EOS, stop strings and the length limits
+        applied) and their text."""
+        with observe.round_span(self.tracer, g.stats.rounds, cap, planned.why) as span:
             hits = g.drafts.pipelined_hits
             t0 = self.clock()
             proposal, guess, fallback = self._in_vocabulary(
@@ -257,10 +258,10 @@ class SpeculativeEngine:
         return replace(delta, token_ids=token_ids, text="".join(text))
 
     async def _end_draft_session(self, session_id: str) -> None:
-        """End the draft tier's session, waiting no longer than for a proposal: a slow draft tier
-        must not hold a finished request (a draft server that stopped answering held every
-        request's status for the client's whole EndSession deadline, measured). The call goes on
-        in the background; a session it never reaches expires by the replica's TTL."""
+        """End the draft tier's session, waiting no longer than for a proposal: a draft tier that
+        stopped answering must not hold a finished request's status for the client's whole
+        EndSession deadline. The call goes on in the background; a session it never reaches
+        expires by the replica's TTL."""
         ending = asyncio.ensure_future(self.proposer.end_session(session_id))
         self._ending.add(ending)  # a reference, or the loop may collect the task mid-call
         ending.add_done_callback(_settled(self._ending))
