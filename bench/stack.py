@@ -44,7 +44,7 @@ import torch
 from opentelemetry import trace
 from tqdm import tqdm
 
-from specdec.bench.prompts import WORKLOADS, workload
+from specdec.bench.prompts import WORKLOADS, add_workload_flags, require_positive, workload
 from specdec.bench.single_process import _git_commit
 from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
@@ -351,23 +351,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--k", type=int, default=DEFAULT_K, help=f"max draft tokens (default {DEFAULT_K})")
     p.add_argument("--adaptive", action="store_true", help="adaptive k (at most --k) instead of k = --k every round")
-    p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
-    p.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    p.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="keep only the last N prompt tokens (0: no limit; for tiny test models)",
-    )
-    p.add_argument(
-        "--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)"
-    )
-    p.add_argument("--json", default=None, metavar="PATH", help="write all results as JSON")
+    add_workload_flags(p)
     args = p.parse_args(argv)
     args.drafter = args.drafter or ["ngram", "first:4"]
-    for name in ("max_new_tokens", "repeats", "k", "prompts"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    require_positive(p, args, ("max_new_tokens", "repeats", "k", "prompts"))
     return args
 
 
