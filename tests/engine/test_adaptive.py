@@ -53,10 +53,10 @@ def test_expected_tokens_is_the_truncated_geometric_sum():
 
 
 def cpu_like(flat: bool = False, draft_s: float = 0.0) -> CostModel:
-    """Verify costs as once measured for Gemma 3 270M on 2 cores (bench/README.md, before the
-    column kernels of specdec/projection.py made them flatter): 115 ms for one
-    position, a jump to about 160 ms for two (the output projection changes kernels), then
-    about 12 ms per position up to 259 ms for nine. `flat`: a GPU, where positions are free."""
+    """Verify costs of Gemma 3 270M on 2 cores without the CPU kernels of
+    specdec/runtime/projection.py (docs/performance.md): 115 ms for one position, a jump to about
+    160 ms for two (the output projection changes kernels), then about 12 ms per position up to
+    259 ms for nine. `flat`: a GPU, where positions are free."""
     costs = CostModel()
     for n in range(1, 10):
         costs.observe_verify(n, 0.115 if flat or n == 1 else 0.160 + 0.0124 * (n - 2))
@@ -286,12 +286,10 @@ def test_a_model_that_declines_its_drafts_stops_being_asked(tiny):
 
 
 def test_adaptive_engine_keeps_long_drafts_when_they_are_accepted(tiny):
-    # A target pass that costs well above the tiny draft's own steps, so that on a loaded machine
-    # the draft's measured cost still cannot make short drafts the better buy.
+    # On the fake clock a pass costs 30 ms plus 3 ms a position and the self-draft nothing.
     result, verifier = _adaptive_run(tiny, lambda target, clock: LocalModelProposer(ModelDrafter(target)), base_s=0.03)
     assert result.stats.acceptance_rate == 1.0
-    # The self-draft is always right: drafts stay long (how long trades the draft's own measured
-    # cost against the verify's), so 40 tokens take a handful of rounds, not 40.
+    # The self-draft is always right: drafts stay long, so 40 tokens take a handful of rounds, not 40.
     drafted = [n - 1 for n in verifier.positions[1:-1]]
     assert sum(drafted) / len(drafted) >= 4 and len(verifier.positions) <= 12
 
@@ -314,8 +312,8 @@ class StallingVerifier(CountingVerifier):
 
 def test_a_stalled_pass_does_not_keep_k_below_its_best(tiny):
     """The self-draft is always right, so k = 8 (9 positions) pays; the first 9-position pass after
-    the prompt's stalls for 0.5 s (about 5x a pass). With a mean, k fell (to 5 or 7, by timing)
-    and never drafted 8 again in the request: nothing measured 9 positions again. Probes one
+    the prompt's stalls for 0.5 s (about 5x a pass). Priced by a mean, that one stall would keep k
+    below 8 for the rest of the request, and nothing would measure 9 positions again; probes one
     draft up and median costs bring it back once two good passes outvote the stall."""
     target = tiny("llama", 1)
     clock = FakeClock()
@@ -335,9 +333,8 @@ def test_a_stalled_pass_does_not_keep_k_below_its_best(tiny):
 
 def _loaded_engine(tiny, **load_config) -> tuple[SpeculativeEngine, CountingVerifier, GenerationRequest]:
     """A self-drafting engine (always right, flat costs: it drafts the request's max alone) with
-    the given load awareness, and a request allowing k = 4. A pass takes 30 ms, so the tiny
-    self-draft (about 4 ms a token here) is as cheap as real drafts are (c near 0.1): at 4 ms a
-    pass, k = 3 and 4 were a near tie that timing noise decided."""
+    the given load awareness, and a request allowing k = 4. On the fake clock a pass takes 30 ms
+    and the self-draft nothing, so k = 4 is the clear best alone."""
     target = tiny("llama", 1)
     clock = FakeClock()
     verifier = CountingVerifier(TargetVerifier(target), clock, per_position_s=0.0, base_s=0.03)
