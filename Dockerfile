@@ -16,7 +16,7 @@ FROM python:${PYTHON_VERSION}-slim-bookworm
 ARG VARIANT=cpu
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu130
-# Must equal spec.rayVersion of the RayCluster in k8s/ (tests/test_k8s.py checks both): Ray
+# Must equal spec.rayVersion of the RayCluster in k8s/ (tests/deploy/test_k8s.py checks both): Ray
 # client, head and workers refuse to talk across versions.
 ARG RAY_VERSION=2.60.0
 

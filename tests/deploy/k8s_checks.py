@@ -1,4 +1,4 @@
-"""The consistency checks of tests/test_k8s.py, each returning a list of problems (empty: none),
+"""The consistency checks of tests/deploy/test_k8s.py, each returning a list of problems (empty: none),
 and the image's Dockerfile and build context read back."""
 
 import json

@@ -1,4 +1,4 @@
-"""tests/test_k8s.py's view of the rendered manifests: rendering both overlays, walking their
+"""tests/deploy/test_k8s.py's view of the rendered manifests: rendering both overlays, walking their
 objects, containers and environment, and the command lines they run as the real CLI parses them."""
 
 import argparse
