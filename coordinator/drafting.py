@@ -74,9 +74,8 @@ class DraftSide:
             # the model may draft this round, ask again, now with the model.
             if drafts.proposal.token_ids or drafts.fallback or ready[2] != 0 or model_k == 0:
                 self.pipelined_hits += 1
-                return _first(
-                    drafts, k, model_k
-                )  # asked for more than this round drafts (adaptive k): a prefix is a draft too
+                # Asked for more than this round drafts (adaptive k): a prefix is a draft too.
+                return _first(drafts, k, model_k)
         elif ready is not None:
             await _cancel(ready[3])
         return _first(await self._call(list(tokens), k, model_k), k, model_k)

@@ -4,8 +4,8 @@ When the context's last `min_match` tokens occurred before, the tokens that foll
 occurrence are a better guess than a small model's (copies in code edits, quotes, RAG answers),
 and they cost microseconds instead of k model steps. A shorter match (1 to min_match - 1 tokens)
 comes next, and the model drafts only where the context's last token never occurred before: a
-short match costs nothing and its first token is the target's more often than the shipped
-draft's (44-51% against 29-41% on the benchmark's free-continuation prompts; bench/README.md,
+short match costs nothing and its first token is the target's at least as often as the shipped
+draft's (44-46% against 41-45% on the benchmark's free-continuation prompts; bench/README.md,
 "Hybrid order"). The choice is made per round.
 
 Mixing is exact: the acceptance rule judges each round on its own. A lookup round is a point

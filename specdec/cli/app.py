@@ -5,9 +5,9 @@
   specdec generate "prompt"                one request to a running coordinator (--address, --stream)
   specdec generate --in-process "prompt"   one request through the single-process engine
   specdec trace ID | --last                one request's rounds from the trace file `specdec up` writes
-  specdec coordinator ...                  the coordinator alone (flags: python -m coordinator --help)
-  specdec draft ...                        the draft tier (flags: python -m draft_service --help)
-  specdec target ...                       the target actor pool (python -m target_service --help)
+  specdec coordinator ...                  the coordinator alone (flags: python -m specdec.coordinator --help)
+  specdec draft ...                        the draft tier (flags: python -m specdec.draft_service --help)
+  specdec target ...                       the target actor pool (python -m specdec.target_service --help)
   specdec bench ...                        the benchmark suite (bench/README.md)
   specdec distill-draft --out DIR          distil a draft model from the target
 
@@ -417,7 +417,7 @@ def _cmd_trace(args, parser) -> int:
     return status
 
 
-# Subcommands that own their flags: `specdec draft ...` parses exactly like `python -m draft_service ...`.
+# Subcommands that own their flags: `specdec draft ...` parses exactly like `python -m specdec.draft_service ...`.
 _DELEGATED = {
     "coordinator": (
         "specdec.coordinator.__main__",

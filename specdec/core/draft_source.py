@@ -19,10 +19,6 @@ class DraftSource(StrEnum):
     NGRAM_SHORT = "ngram_short"  # a hybrid's shorter match, tried before its model
     MODEL = "model"  # the draft model
 
-    @property
-    def is_lookup(self) -> bool:
-        return self in (DraftSource.NGRAM, DraftSource.NGRAM_SHORT)
-
 
 _TO_PROTO = {
     DraftSource.UNKNOWN: draft_pb2.DRAFT_SOURCE_UNSPECIFIED,

@@ -35,11 +35,15 @@ def load_model(
 def prepare(spec: str | None = None) -> None:
     """Do the one-time work of loading `spec` now, so processes started next all find the cache
     instead of each converting it at once. A pruned draft's work is its target's."""
-    spec = resolve_model(spec)
-    prepare_checkpoint(pruned_draft.target_spec(spec) if pruned_draft.is_pruned_draft_dir(spec) else spec)
+    prepare_checkpoint(_checkpoint_of(spec))
 
 
 def load_tokenizer(spec: str | None = None) -> PreTrainedTokenizerBase:
     """Only the tokenizer of `spec`. A pruned draft ships none: its target's is its own."""
+    return load_checkpoint_tokenizer(_checkpoint_of(spec))
+
+
+def _checkpoint_of(spec: str | None) -> str | None:
+    """The checkpoint spec behind `spec`: a pruned draft's target, else `spec` itself."""
     spec = resolve_model(spec)
-    return load_checkpoint_tokenizer(pruned_draft.target_spec(spec) if pruned_draft.is_pruned_draft_dir(spec) else spec)
+    return pruned_draft.target_spec(spec) if pruned_draft.is_pruned_draft_dir(spec) else spec
