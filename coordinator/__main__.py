@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.coordinator.engine import EngineConfig
-from specdec.coordinator.flags import add_engine_flags, engine_config
+from specdec.coordinator.flags import add_engine_flags, add_http_flags, engine_config, http_port
 from specdec.coordinator.server import ServerConfig
 from specdec.core import flag_types
 
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
 METRICS_PORT = 9464
+HTTP_PORT = 8000
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("target-model", None, str, "model spec to load the tokenizer from (default: the model the pool reports)")
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
+    add_http_flags(flag, HTTP_PORT)
     flag("metrics-port", METRICS_PORT, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one")
     add_engine_flags(flag)
     flag("grace", server.grace_s, flag_types.seconds, "seconds calls in flight get to finish after SIGTERM")
@@ -116,7 +118,13 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         target_model=args.target_model,
         metrics_port=args.metrics_port,
         server=ServerConfig(
-            host=args.host, port=args.port, max_inflight=args.max_inflight, grace_s=args.grace, tls=tls
+            host=args.host,
+            port=args.port,
+            http_port=http_port(args.http_port),
+            served_model_name=args.served_model_name,
+            max_inflight=args.max_inflight,
+            grace_s=args.grace,
+            tls=tls,
         ),
         engine=engine,
         draft_auth_token=args.draft_auth_token or None,
@@ -149,6 +157,8 @@ async def serve(config: CoordinatorConfig) -> None:
             f"target pool {config.target_pool} ({actors}, {engine.target.name})",
             flush=True,
         )
+        if server.http is not None:
+            print(f"coordinator HTTP API (OpenAI-compatible) on {config.server.host}:{server.http_port}", flush=True)
         print(f"coordinator metrics on {metrics.address}", flush=True)
         try:
             await stop.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specdec.coordinator.chat import ChatMessage
 from specdec.coordinator.engine import Delta, FinishReason, GenerationRequest
 from specdec.core.sampling import SamplingParams
 from specdec.v1 import generation_pb2 as pb
@@ -18,6 +19,7 @@ def request_from_proto(msg: pb.GenerateRequest | pb.GenerateStreamRequest) -> Ge
     return GenerationRequest(
         prompt=msg.prompt,
         prompt_token_ids=list(msg.prompt_token_ids),
+        messages=[ChatMessage(m.role, m.content) for m in msg.messages],
         max_new_tokens=msg.max_new_tokens,
         sampling=SamplingParams(
             temperature=s.temperature,

@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from specdec.coordinator import observe
 from specdec.coordinator.adaptive import CostModel, DraftLengthPolicy, RoundPlan
+from specdec.coordinator.chat import ChatMessage, ChatTemplate
 from specdec.coordinator.drafting import Drafts, DraftSide
 from specdec.coordinator.text import OutputText
 from specdec.core.acceptance import DraftProposal, Verification
@@ -93,13 +94,17 @@ class EngineConfig:
     # begin one (coordinator/text.py): the cost grows with their number times their length.
     max_stop_strings: int = 16
     max_stop_chars: int = 256  # the longest stop string
+    # Jinja chat template for requests that send `messages` (--chat-template FILE); None: the
+    # target tokenizer's own (coordinator/chat.py).
+    chat_template: str | None = field(default=None, repr=False)
 
 
 @dataclass
 class GenerationRequest:
     prompt: str = ""  # text, tokenized with the target's tokenizer ...
-    prompt_token_ids: list[int] = field(default_factory=list)  # ... or token ids: exactly one of the two
-    max_new_tokens: int = 64
+    prompt_token_ids: list[int] = field(default_factory=list)  # ... or token ids ...
+    messages: Sequence[ChatMessage] = ()  # ... or a conversation, through the chat template: exactly one
+    max_new_tokens: int | None = 64  # None: up to the model's context
     sampling: SamplingParams = SamplingParams()
     stop: Sequence[str] = ()
     speculate: bool = True  # False: k = 0, plain decoding
@@ -169,6 +174,7 @@ class SpeculativeEngine:
         self.verifier = verifier
         self.target = target
         self.config = config
+        self.chat = ChatTemplate(target.tokenizer, config.chat_template)
         self._longest_token: int | None = None  # characters of the longest vocabulary entry, once needed
         self.costs = CostModel()  # draft and verify costs, learned from every round of every request
         self.draft_sources: set[str] = set()  # source classes the draft tier has answered with (adaptive.plan)
@@ -178,7 +184,7 @@ class SpeculativeEngine:
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Generate `request`, one Delta per round; the last one carries the finish reason, the
         usage and the round statistics. Cancelling the iteration ends both tiers' sessions."""
-        if len(request.prompt) > _TOKENIZE_IN_THREAD_CHARS:
+        if _prompt_chars(request) > _TOKENIZE_IN_THREAD_CHARS:
             prompt, request = await asyncio.to_thread(self.prepare, request)
         else:
             prompt, request = self.prepare(request)
@@ -272,18 +278,21 @@ class SpeculativeEngine:
 
     def prepare(self, request: GenerationRequest) -> tuple[list[int], GenerationRequest]:
         """Validate every field (InvalidArgument names the first bad one), tokenize, draw a seed."""
-        if request.prompt and request.prompt_token_ids:
-            raise InvalidArgument("prompt", "give prompt or prompt_token_ids, not both")
+        given = [name for name in ("prompt", "prompt_token_ids", "messages") if getattr(request, name)]
+        if len(given) > 1:
+            raise InvalidArgument(given[0], f"give prompt or prompt_token_ids or messages, not {' and '.join(given)}")
         max_context = self.target.max_context
-        if request.prompt:
+        if request.prompt or request.messages:
+            field_name = "messages" if request.messages else "prompt"
+            text = self.chat.render(request.messages) if request.messages else request.prompt
             # Refused before tokenizing, which takes seconds per MiB: no token covers more
             # characters than its own entry in the vocabulary, so a longer text cannot fit.
-            if len(request.prompt) > max_context and len(request.prompt) > max_context * self._longest():
-                chars = len(request.prompt)
+            if len(text) > max_context and len(text) > max_context * self._longest():
                 raise InvalidArgument(
-                    "prompt", f"has {chars} characters, more than the model's context of {max_context} tokens can hold"
+                    field_name,
+                    f"has {len(text)} characters, more than the model's context of {max_context} tokens can hold",
                 )
-            prompt = self.target.tokenizer(request.prompt)["input_ids"]
+            prompt = self.chat.encode(text) if request.messages else self.target.tokenizer(text)["input_ids"]
         else:
             prompt = list(request.prompt_token_ids)
             if max_context <= len(prompt):
@@ -298,6 +307,8 @@ class SpeculativeEngine:
         if len(prompt) >= max_context:
             raise InvalidArgument("prompt", f"has {len(prompt)} tokens; the model's context is {max_context}")
         room = self.target.max_context - len(prompt)
+        if request.max_new_tokens is None:
+            request = replace(request, max_new_tokens=room)
         if not isinstance(request.max_new_tokens, int) or not 1 <= request.max_new_tokens <= room:
             raise InvalidArgument(
                 "max_new_tokens", f"must be in [1, {room}] for this prompt, got {request.max_new_tokens!r}"
@@ -369,6 +380,10 @@ class _Generation:
         verifier adds one token of its own)."""
         generated = length - self.prompt_len
         return min(self.k_max, self.request.max_new_tokens - generated - 1, self.max_context - length - 1)
+
+
+def _prompt_chars(request: GenerationRequest) -> int:
+    return len(request.prompt) + sum(len(m.content) for m in request.messages if isinstance(m.content, str))
 
 
 def _settled(pending: set[asyncio.Task]):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from specdec.coordinator.engine import EngineConfig
@@ -64,11 +65,34 @@ def add_engine_flags(flag: AddFlag) -> None:
         "each drafts at most budget / running - 1 tokens; 0: no budget; auto: 16 on a CPU target, none on a GPU",
     )
     flag(
+        "chat-template",
+        None,
+        str,
+        "Jinja chat template file for requests that send messages (for a model whose tokenizer has none)",
+        metavar="FILE",
+    )
+    flag(
         "draft-timeout",
         engine.draft_timeout_s,
         flag_types.positive_seconds,
         "a proposal later than this is dropped (that round runs with k = 0)",
     )
+
+
+def add_http_flags(flag: AddFlag, port: int) -> None:
+    """The OpenAI-compatible HTTP API's flags (coordinator/http_api.py)."""
+    flag(
+        "http-port",
+        port,
+        flag_types.port,
+        "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions) on the same host; 0: none",
+    )
+    flag("served-model-name", None, str, "the model's id in the HTTP API (default: the target model's name)")
+
+
+def http_port(value: int) -> int | None:
+    """--http-port as `ServerConfig.http_port`: the flag's 0 serves no HTTP API."""
+    return value or None
 
 
 def plain_flag(p: argparse.ArgumentParser) -> AddFlag:
@@ -85,6 +109,12 @@ def engine_config(args: argparse.Namespace, error: Callable[[str], NoReturn]) ->
     largest a request may ask for."""
     if args.default_draft_tokens > args.max_draft_tokens:
         error(f"--default-draft-tokens {args.default_draft_tokens} exceeds --max-draft-tokens {args.max_draft_tokens}")
+    chat_template = None
+    if args.chat_template:
+        try:
+            chat_template = Path(args.chat_template).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            error(f"--chat-template: cannot read {args.chat_template}: {e}")
     return EngineConfig(
         default_draft_tokens=args.default_draft_tokens,
         max_draft_tokens=args.max_draft_tokens,
@@ -93,4 +123,5 @@ def engine_config(args: argparse.Namespace, error: Callable[[str], NoReturn]) ->
         speculation_max_running=args.speculation_max_running,
         speculation_token_budget=args.speculation_token_budget,
         draft_timeout_s=args.draft_timeout,
+        chat_template=chat_template,
     )

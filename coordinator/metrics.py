@@ -24,7 +24,11 @@ K_CHOICES = Counter(
     "Rounds by how their k was chosen: fixed, adaptive, probe, or load (drafts shrunk or off: the target tier is busy)",
     ["policy"],
 )
-REQUESTS = Counter("specdec:requests", "Finished Generate and GenerateStream calls", ["finish_reason", "code"])
+REQUESTS = Counter(
+    "specdec:requests",
+    "Finished calls: gRPC Generate and GenerateStream, HTTP completions and chat completions (code: the gRPC code)",
+    ["finish_reason", "code"],
+)
 PROMPT_TOKENS = Counter("specdec:prompt_tokens", "Prompt tokens of admitted requests")
 GENERATION_TOKENS = Counter("specdec:generation_tokens", "Tokens generated")
 

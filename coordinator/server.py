@@ -1,28 +1,23 @@
 """GenerationService over gRPC (grpc.aio): translation between specdec.v1 messages and the engine.
 
-Status codes: INVALID_ARGUMENT names the field (the engine's `prepare` decides what is valid);
-RESOURCE_EXHAUSTED beyond `max_inflight` requests generating at once; DEADLINE_EXCEEDED when the
-call's deadline passes mid-generation (the engine runs under the deadline the client set);
-UNAVAILABLE when the target tier cannot answer (a failing draft tier only turns speculation off:
-the engine's fallback). Bytes that do not parse as the request are INVALID_ARGUMENT too (naming
-the string field that is not UTF-8, when that is why), and a request over `MAX_MESSAGE_BYTES`
-is RESOURCE_EXHAUSTED from grpc itself. A client that cancels cancels the engine, whose `finally`
-ends the request's sessions on both tiers (the draft tier's within `draft_timeout_s`; a draft tier
-slower than that ends it shortly after, or its TTL does). Each call is one server
-span; its trace id (32 lowercase hex) is on every response. The standard health service says
-SERVING while the server runs and NOT_SERVING from the start of a stop; reflection lists
-GenerationService and Health.
+Every call runs through `Calls` (calls.py), as the HTTP API's do. Status codes: INVALID_ARGUMENT
+names the field (the engine's `prepare` decides what is valid); RESOURCE_EXHAUSTED beyond
+`max_inflight` requests generating at once; DEADLINE_EXCEEDED when the call's deadline passes mid-
+generation (the engine runs under the deadline the client set); UNAVAILABLE when the target tier
+cannot answer (a failing draft tier only turns speculation off: the engine's fallback). Bytes that
+do not parse as the request are INVALID_ARGUMENT too (naming the string field that is not UTF-8,
+when that is why), and a request over `MAX_MESSAGE_BYTES` is RESOURCE_EXHAUSTED from grpc itself.
+A client that cancels cancels the engine, whose `finally` ends the request's sessions on both
+tiers (the draft tier's within `draft_timeout_s`; a draft tier slower than that ends it shortly
+after, or its TTL does). Each call is one server span; its trace id (32 lowercase hex) is on every
+response. The standard health service says SERVING while the server runs and NOT_SERVING from the
+start of a stop; reflection lists GenerationService and Health.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
-import uuid
-from collections.abc import Awaitable, Callable
-from contextlib import aclosing
 from dataclasses import dataclass, field
 
 import grpc
@@ -34,11 +29,11 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from specdec.coordinator import metrics
+from specdec.coordinator.calls import CallEnded, CallFailed, Calls, CallSpan, OnDelta, ServingStats
 from specdec.coordinator.convert import request_from_proto, response_to_proto
-from specdec.coordinator.engine import Delta, SpeculationStats, SpeculativeEngine
+from specdec.coordinator.engine import Delta, SpeculativeEngine
+from specdec.coordinator.http_api import HttpApi, HttpServer
 from specdec.core import wire
-from specdec.core.errors import InvalidArgument
-from specdec.target_service.pool import TargetUnavailable
 from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
 
@@ -57,89 +52,22 @@ class ServerConfig:
     port: int = 50051  # 0 picks a free port
     max_inflight: int = 64  # requests generating at once; more get RESOURCE_EXHAUSTED
     grace_s: float = 10.0  # on stop, calls in flight get this long to finish
+    # The OpenAI-compatible HTTP API (http_api.py) on host:http_port; 0 picks a free port, None
+    # serves none (the CLI's --http-port 0).
+    http_port: int | None = None
+    served_model_name: str | None = None  # the model's id on the HTTP API; None: the target's name
     # (certificate chain PEM, private key PEM): serve TLS on the port; None serves plaintext.
     tls: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
 
-@dataclass
-class ServingStats:
-    """What the server has done so far (the status line of `specdec up` reads it)."""
-
-    requests: int = 0  # finished calls, whatever their outcome
-    failed: int = 0  # finished with an error status (cancelled calls included)
-    in_flight: int = 0
-    completion_tokens: int = 0  # counted as they are generated
-    draft_tokens: int = 0  # of finished requests
-    accepted_tokens: int = 0
-
-
-def capture_content() -> bool:
-    """Prompts and completions go into the server span only when the operator sets OpenTelemetry's
-    GenAI switch, OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true; never into logs."""
-    return os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").lower() == "true"
-
-
-@dataclass
-class _Call:
-    """One call as the logs, span and metrics report it: counts and timings, never text."""
-
-    started: float
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
-    trace_id: str = ""
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
-    finish_reason: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    stats: SpeculationStats | None = None
-    capture: bool = False  # the operator asked for prompts and completions in the span
-    prompt: str = ""
-    completion: list[str] = field(default_factory=list)
-
-    def add(self, delta: Delta) -> None:
-        self.completion_tokens += len(delta.token_ids)
-        if self.capture:
-            self.completion.append(delta.text)
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason.value
-            self.prompt_tokens = delta.prompt_tokens
-            self.stats = delta.stats
-            metrics.PROMPT_TOKENS.inc(delta.prompt_tokens)
-
-    def span_attributes(self) -> dict:
-        attributes = {"gen_ai.usage.output_tokens": self.completion_tokens, "rpc.grpc.status_code": self.code.value[0]}
-        if self.finish_reason:
-            attributes["gen_ai.usage.input_tokens"] = self.prompt_tokens
-            attributes["gen_ai.response.finish_reasons"] = [self.finish_reason]
-        if self.capture:
-            attributes.update({"gen_ai.prompt": self.prompt, "gen_ai.completion": "".join(self.completion)})
-        if self.stats is not None:
-            attributes.update(
-                {
-                    "specdec.rounds": self.stats.rounds,
-                    "specdec.draft_tokens": self.stats.draft_tokens,
-                    "specdec.accepted_tokens": self.stats.accepted_tokens,
-                }
-            )
-        return attributes
-
-    def log_line(self, method: str) -> str:
-        s = self.stats
-        acceptance = f"{s.acceptance_rate:.3f}" if s is not None and s.draft_tokens else "-"
-        return (
-            f"request id={self.id} trace_id={self.trace_id or '-'} method={method} code={self.code.name} "
-            f"finish={self.finish_reason or '-'} prompt_tokens={self.prompt_tokens} "
-            f"completion_tokens={self.completion_tokens} "
-            f"rounds={s.rounds if s else 0} acceptance={acceptance} duration_s={time.perf_counter() - self.started:.3f}"
-        )
-
-
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
-    def __init__(self, engine: SpeculativeEngine, max_inflight: int, tracer: trace.Tracer | None = None):
-        self.model_name = getattr(getattr(engine, "target", None), "name", "")  # LoadedModel and RemoteTarget name it
-        self.engine = engine
-        self.max_inflight = max_inflight
-        self.tracer = tracer or trace.get_tracer("specdec.coordinator")
-        self.stats = ServingStats()
+    def __init__(self, calls: Calls):
+        self.calls = calls
+        self.engine = calls.engine
+
+    @property
+    def stats(self) -> ServingStats:
+        return self.calls.stats
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         token_ids: list[int] = []
@@ -159,7 +87,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
 
     async def GenerateStream(self, request: pb.GenerateStreamRequest, context: grpc.aio.ServicerContext) -> None:
         # context.write from the engine's task rather than an async-generator handler: the whole
-        # call, writes included, then runs under `_bounded`, and a client that cancels or a
+        # call, writes included, then runs under the deadline, and a client that cancels or a
         # deadline ends it in that one place, not whenever an abandoned generator is collected.
         sent = 0  # tokens so far: the last message's usage counts them all
 
@@ -170,114 +98,23 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
                 try:
                     await context.write(_delta_to_proto(delta, trace_id, sent))
                 except Exception as e:  # noqa: BLE001 - grpc raises a private error type here
-                    raise _CallEnded() from e
+                    raise CallEnded() from e
 
         await self._run(request, "GenerateStream", context, send)
 
-    async def _run(
-        self, request, method: str, context: grpc.aio.ServicerContext, on_delta: Callable[[Delta, str], Awaitable[None]]
-    ) -> None:
-        """Feed the engine's deltas for one call to `on_delta`, under admission, a server span and
-        the call's deadline; every failure leaves as a status."""
-        if self.stats.in_flight >= self.max_inflight:
-            metrics.REQUESTS.labels("", grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.stats.in_flight} requests in flight (max_inflight {self.max_inflight}); retry later",
-            )
-        self.stats.in_flight += 1
-        metrics.REQUESTS_RUNNING.inc()
-        call = _Call(started=time.perf_counter(), capture=capture_content())
-        if call.capture:
-            call.prompt = request.prompt or " ".join(map(str, request.prompt_token_ids))
-        attributes = {
-            "rpc.system": "grpc",
-            "rpc.service": SERVICE_NAME,
-            "rpc.method": method,
-            "gen_ai.operation.name": "text_completion",
-            "gen_ai.request.model": self.model_name,
-            "gen_ai.request.max_tokens": request.max_new_tokens,
-            "gen_ai.request.temperature": request.sampling.temperature,
-        }
+    async def _run(self, request, method: str, context: grpc.aio.ServicerContext, on_delta: OnDelta) -> None:
+        """One call through `Calls.run`; every failure leaves as its status."""
+        span = CallSpan(
+            f"{SERVICE_NAME}/{method}",
+            {"rpc.system": "grpc", "rpc.service": SERVICE_NAME, "rpc.method": method},
+            lambda code: {"rpc.grpc.status_code": code.value[0]},
+        )
         try:
-            with self.tracer.start_as_current_span(
-                f"{SERVICE_NAME}/{method}", kind=trace.SpanKind.SERVER, attributes=attributes
-            ) as span:
-                call.trace_id = _trace_id(span)
-                try:
-                    await _bounded(
-                        asyncio.create_task(self._consume(request, on_delta, call)), context.time_remaining()
-                    )
-                    call.code = grpc.StatusCode.OK
-                except _CallEnded:
-                    call.code = grpc.StatusCode.CANCELLED
-                    return  # the client cancelled or left while we wrote; grpc cancels this task next
-                except InvalidArgument as e:
-                    call.code = grpc.StatusCode.INVALID_ARGUMENT
-                    await context.abort(call.code, str(e))
-                except TimeoutError:
-                    call.code = grpc.StatusCode.DEADLINE_EXCEEDED
-                    await context.abort(call.code, "the deadline passed during generation")
-                except TargetUnavailable as e:
-                    call.code = grpc.StatusCode.UNAVAILABLE
-                    await context.abort(call.code, f"target tier: {e}")
-                except asyncio.CancelledError:
-                    call.code = grpc.StatusCode.CANCELLED
-                    raise
-                except Exception as e:  # noqa: BLE001 - any other failure is the server's, not the caller's
-                    log.exception("%s failed", method)
-                    call.code = grpc.StatusCode.INTERNAL
-                    await context.abort(call.code, f"{type(e).__name__}: {e}")
-                finally:
-                    span.set_attributes(call.span_attributes())
-                    if call.code is not grpc.StatusCode.OK:
-                        span.set_status(trace.Status(trace.StatusCode.ERROR, call.code.name))
-        finally:
-            self.stats.in_flight -= 1
-            self.stats.requests += 1
-            self.stats.failed += call.code is not grpc.StatusCode.OK
-            metrics.REQUESTS_RUNNING.dec()
-            metrics.REQUESTS.labels(call.finish_reason, call.code.name).inc()
-            log.info("%s", call.log_line(method))
-
-    async def _consume(self, request, on_delta: Callable[[Delta, str], Awaitable[None]], call: _Call) -> None:
-        # aclosing: however the loop ends, the engine's `finally` (ending the sessions) runs now.
-        async with aclosing(self.engine.stream(request_from_proto(request))) as deltas:
-            async for delta in deltas:
-                self._count(delta)
-                call.add(delta)
-                await on_delta(delta, call.trace_id)
-
-    def _count(self, delta: Delta) -> None:
-        self.stats.completion_tokens += len(delta.token_ids)
-        if delta.stats is not None:
-            self.stats.draft_tokens += delta.stats.draft_tokens
-            self.stats.accepted_tokens += delta.stats.accepted_tokens
-
-
-async def _bounded(task: asyncio.Task, timeout_s: float | None) -> None:
-    """Wait for `task` (one call's engine) at most `timeout_s`. Whatever ends the wait early (the
-    deadline, or this handler being cancelled) cancels the task once and waits for it to finish.
-
-    The engine runs in a task of its own so that it is cancelled once: its `finally` ends the
-    request's sessions on both tiers, and a second cancellation during those awaits would leave
-    them behind until their TTL. At a deadline grpc cancels the handler at about the moment our own
-    timeout fires (measured: run in the handler's task, sessions were left within a few dozen calls).
-    """
-    try:
-        await asyncio.wait_for(asyncio.shield(task), timeout_s)
-    except (TimeoutError, asyncio.CancelledError):
-        task.cancel()
-        while not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                pass  # the handler was cancelled (again) or the task ended cancelled: loop until done
-        raise
-
-
-class _CallEnded(Exception):
-    """A write found the call over: the client cancelled or went away between two rounds."""
+            call = await self.calls.run(request_from_proto(request), method, span, context.time_remaining(), on_delta)
+        except CallFailed as e:
+            await context.abort(e.code, e.message)
+        if call.code is grpc.StatusCode.CANCELLED:
+            return  # the client cancelled or left while we wrote; grpc cancels this task next
 
 
 def _delta_to_proto(delta: Delta, trace_id: str, completion_tokens: int) -> pb.GenerateStreamResponse:
@@ -362,19 +199,16 @@ def _why_unparsable(message: descriptor.Descriptor, raw: bytes, prefix: str = ""
     return None
 
 
-def _trace_id(span: trace.Span) -> str:
-    context = span.get_span_context()
-    return f"{context.trace_id:032x}" if context.is_valid else ""  # tracing off: no id to give
-
-
 class GenerationServer:
-    """GenerationService, health and reflection on one port: `start`, then `stop`."""
+    """GenerationService, health and reflection on one port, and the HTTP API on another when
+    configured: `start`, then `stop`."""
 
     def __init__(
         self, engine: SpeculativeEngine, config: ServerConfig = ServerConfig(), tracer: trace.Tracer | None = None
     ):
         self.config = config
-        self.servicer = GenerationServicer(engine, config.max_inflight, tracer)
+        self.calls = Calls(engine, config.max_inflight, tracer)
+        self.servicer = GenerationServicer(self.calls)
         self.health = health_aio.HealthServicer()
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         _add_generation_service(self.servicer, self.server)
@@ -382,10 +216,16 @@ class GenerationServer:
         health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
         reflection.enable_server_reflection((SERVICE_NAME, health_name, reflection.SERVICE_NAME), self.server)
         self.port = 0
+        self.http: HttpServer | None = None
+        if config.http_port is not None:
+            name = config.served_model_name or self.calls.model_name
+            api = HttpApi(self.calls, name, engine.target.max_context)
+            self.http = HttpServer(api, config.host, config.http_port, config.grace_s)
+        self.http_port = 0  # bound by `start`
 
     @property
     def stats(self) -> ServingStats:
-        return self.servicer.stats
+        return self.calls.stats
 
     async def start(self) -> int:
         """Bind and serve; returns the bound port. A busy port raises RuntimeError."""
@@ -396,6 +236,12 @@ class GenerationServer:
             cert_chain, private_key = self.config.tls
             self.port = self.server.add_secure_port(address, grpc.ssl_server_credentials([(private_key, cert_chain)]))
         await self.server.start()
+        if self.http is not None:
+            try:
+                self.http_port = await self.http.start()
+            except BaseException:
+                await self.server.stop(0)
+                raise
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -403,4 +249,8 @@ class GenerationServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """NOT_SERVING, refuse new calls, give calls in flight `grace_s` (default: the config's)."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.config.grace_s if grace_s is None else grace_s)
+        grace_s = self.config.grace_s if grace_s is None else grace_s
+        if self.http is not None:
+            await asyncio.gather(self.server.stop(grace_s), self.http.stop(grace_s))
+        else:
+            await self.server.stop(grace_s)

@@ -75,7 +75,7 @@ def _generate_parser(sub) -> None:
 
 
 def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
-    from specdec.coordinator.flags import add_engine_flags, plain_flag
+    from specdec.coordinator.flags import add_engine_flags, add_http_flags, plain_flag
 
     _add_model_flags(p)
     p.add_argument("--target-replicas", type=int, default=1, help="target actors on the local Ray (default 1)")
@@ -101,6 +101,7 @@ def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
         "(default ~/.cache/specdec/traces.jsonl; '' for none)",
     )
     add_engine_flags(plain_flag(p))
+    add_http_flags(plain_flag(p), 8000 if port else 0)
 
 
 def _request_proto(args):
@@ -277,7 +278,7 @@ def _rpc_failed(error, address: str) -> int:
 
 
 def _stack_config(args, error):
-    from specdec.coordinator.flags import engine_config
+    from specdec.coordinator.flags import engine_config, http_port
     from specdec.coordinator.server import ServerConfig
     from specdec.local.stack import StackConfig
 
@@ -290,7 +291,13 @@ def _stack_config(args, error):
         target_replicas=args.target_replicas,
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,
-        server=ServerConfig(host=args.host, port=args.port, max_inflight=args.max_inflight),
+        server=ServerConfig(
+            host=args.host,
+            port=args.port,
+            http_port=http_port(args.http_port),
+            served_model_name=args.served_model_name,
+            max_inflight=args.max_inflight,
+        ),
         engine=engine,
     )
 
@@ -313,6 +320,13 @@ def _print_parts(stack) -> None:
         f"metrics {stack.metrics.address}",
         flush=True,
     )
+    if stack.server.http is not None:
+        host = c.server.host
+        print(
+            f"  HTTP API        http://{host}:{stack.server.http_port}/v1  (OpenAI-compatible: completions, "
+            f"chat/completions, models; model id {stack.server.http.api.served_model!r})",
+            flush=True,
+        )
     if c.trace_file:
         print(
             f"  traces          {c.trace_file}  (every part's spans; `specdec trace --last` shows the latest request)",

@@ -14,7 +14,11 @@ from pathlib import Path
 from specdec.runtime.models import cache_dir
 from specdec.telemetry.trace_file import read_spans
 
-REQUEST_PREFIX = "specdec.v1.GenerationService/"
+
+def is_request(span: dict) -> bool:
+    """A coordinator's span of one public call: gRPC (`specdec.v1.GenerationService/...`) or
+    HTTP (`POST /v1/completions`, ...), the server spans that carry the GenAI operation."""
+    return span["kind"] == "SERVER" and "gen_ai.operation.name" in span["attributes"]
 
 
 def default_trace_file() -> Path:
@@ -23,7 +27,7 @@ def default_trace_file() -> Path:
 
 def last_trace_id(spans: Iterable[dict]) -> str | None:
     """The trace of the request that finished last."""
-    requests = [s for s in spans if s["name"].startswith(REQUEST_PREFIX) and s["kind"] == "SERVER"]
+    requests = [s for s in spans if is_request(s)]
     return max(requests, key=lambda s: s["end_ns"])["trace_id"] if requests else None
 
 
@@ -44,7 +48,7 @@ def _label(span: dict) -> str:
             f"{' [' + ', '.join(flags) + ']' if flags else ''}"
         )
     detail = ""
-    if span["name"].startswith(REQUEST_PREFIX):
+    if is_request(span):
         detail = (
             f" | in {a.get('gen_ai.usage.input_tokens', '?')} out {a.get('gen_ai.usage.output_tokens', '?')} tokens, "
             f"finish {','.join(a.get('gen_ai.response.finish_reasons', [])) or '-'}, "
@@ -84,7 +88,7 @@ def render(spans: list[dict]) -> list[str]:
 
 def summary(spans: list[dict]) -> str:
     rounds = [s["attributes"] for s in spans if s["name"] == "specdec.round"]
-    requests = [s for s in spans if s["name"].startswith(REQUEST_PREFIX)]
+    requests = [s for s in spans if is_request(s)]
     if not rounds:
         return "summary: no rounds in this trace"
     drafted = sum(r.get("specdec.round.k", 0) for r in rounds)

@@ -35,6 +35,7 @@ from transformers import (
 from specdec.runtime.projection import pack_weights, use_column_kernels
 
 EMBEDDED_NAME = "gemma-3-270m (embedded)"
+EMBEDDED_CHAT_TEMPLATE = Path(__file__).with_name("gemma3_chat.jinja")
 
 # "name" or "owner/name": the shape transformers accepts as a hub repo id.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?$", re.ASCII)
@@ -85,8 +86,8 @@ def prepare_checkpoint(spec: str | None = None) -> None:
 
 def load_checkpoint_tokenizer(spec: str | None = None) -> PreTrainedTokenizerBase:
     """Only the tokenizer of `spec` (the coordinator tokenizes, it holds no weights)."""
-    source, _, local = _source(spec)
-    return AutoTokenizer.from_pretrained(source, local_files_only=local)
+    source, name, local = _source(spec)
+    return _tokenizer(source, name, local)
 
 
 def _source(spec: str | None) -> tuple[str | Path, str, bool]:
@@ -114,7 +115,7 @@ def _source(spec: str | None) -> tuple[str | Path, str, bool]:
 def _load(
     source: str | Path, name: str, dtype: torch.dtype, device: str | torch.device, *, local: bool, pack: bool = True
 ) -> LoadedModel:
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
+    tokenizer = _tokenizer(source, name, local)
     # sdpa and eager both give the same greedy tokens batched (left-padded) and unbatched for
     # Gemma 3 270M in fp32 (measured); sdpa is the fused kernel, so it is the one we pick.
     model = AutoModelForCausalLM.from_pretrained(
@@ -133,6 +134,15 @@ def _load(
         vocab_size=model.get_output_embeddings().weight.shape[0],
         max_context=model.config.get_text_config().max_position_embeddings,
     )
+
+
+def _tokenizer(source: str | Path, name: str, local: bool) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
+    if name == EMBEDDED_NAME and not tokenizer.chat_template:
+        # A base model: chat requests get the Gemma 3 family's turn format, which its vocabulary
+        # has tokens for, and which ends a turn with <end_of_turn>, one of its eos ids.
+        tokenizer.chat_template = EMBEDDED_CHAT_TEMPLATE.read_text()
+    return tokenizer
 
 
 def _ids(value: int | list[int] | None) -> set[int]:

@@ -104,6 +104,7 @@ def test_field_names_are_the_contract() -> None:
         "sampling": 4,
         "stop": 5,
         "speculation": 6,
+        "messages": 7,
     }
     assert fields(generation_pb2.GenerateRequest) == request_fields
     assert fields(generation_pb2.GenerateStreamRequest) == request_fields
@@ -117,6 +118,7 @@ def test_field_names_are_the_contract() -> None:
     }
     assert fields(generation_pb2.GenerateResponse) == response_fields
     assert fields(generation_pb2.GenerateStreamResponse) == response_fields
+    assert fields(generation_pb2.ChatMessage) == {"role": 1, "content": 2}
     assert fields(generation_pb2.SpeculationStats) == {
         "rounds": 1,
         "draft_tokens": 2,

@@ -131,12 +131,31 @@ def test_up_reads_the_engine_flags_as_the_coordinator_does(monkeypatch):
         [],
         ["--max-draft-tokens", "8", "--default-draft-tokens", "2", "--max-inflight", "3", "--pipeline", "off"],
         ["--adaptive", "off", "--speculation-token-budget", "24", "--draft-timeout", "0.5"],
+        ["--http-port", "0", "--served-model-name", "m"],
+        ["--http-port", "8123"],
     ):
         seen.clear()
         assert main(["up", "--trace-file", "", *argv]) == 0
         coordinator = parse_config(["--draft", "x:1", *argv], {})
         assert seen[0].engine == coordinator.engine
-        assert seen[0].server.max_inflight == coordinator.server.max_inflight
+        for name in ("max_inflight", "http_port", "served_model_name"):
+            assert getattr(seen[0].server, name) == getattr(coordinator.server, name), name
     for argv in REFUSED:
         with pytest.raises(SystemExit):
             main(["up", "--trace-file", "", *argv])
+
+
+def test_http_and_chat_template_flags(tmp_path):
+    from specdec.coordinator.__main__ import parse_config
+
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    default = parse_config(["--draft", "x:1"], {})
+    assert default.server.http_port == 8000 and default.engine.chat_template is None
+    given = parse_config(["--draft", "x:1", "--http-port", "0", "--chat-template", str(template)], {})
+    assert given.server.http_port is None  # 0: no HTTP API
+    assert given.engine.chat_template == template.read_text()
+    from_env = parse_config([], {"SPECDEC_COORDINATOR_DRAFT": "x:1", "SPECDEC_COORDINATOR_HTTP_PORT": "9000"})
+    assert from_env.server.http_port == 9000
+    with pytest.raises(SystemExit):
+        parse_config(["--draft", "x:1", "--chat-template", str(tmp_path / "missing.jinja")], {})

@@ -210,7 +210,7 @@ def test_render_nests_children_and_marks_errors():
                 "attributes": attributes}  # fmt: skip
 
     spans = [
-        span("a", "", "specdec.v1.GenerationService/Generate", 0, 10_000_000),
+        span("a", "", "specdec.v1.GenerationService/Generate", 0, 10_000_000, **{"gen_ai.operation.name": "chat"}),
         span(
             "r0",
             "a",
@@ -228,6 +228,7 @@ def test_render_nests_children_and_marks_errors():
         ),  # fmt: skip
         span("v", "r0", "bad", 2, 4_000_000),
     ]
+    spans[0]["kind"] = "SERVER"  # the coordinator's request span
     lines = render(spans)
     assert lines[0].startswith("specdec.v1.GenerationService/Generate")
     assert lines[1].startswith("└─ round 0: k=4 accepted 2 -> 3 tokens")
@@ -239,14 +240,14 @@ def test_render_nests_children_and_marks_errors():
 
 
 def test_content_reaches_the_span_only_when_the_operator_turns_it_on(monkeypatch):
+    from specdec.coordinator.calls import Call, capture_content
     from specdec.coordinator.engine import Delta
-    from specdec.coordinator.server import _Call, capture_content
 
     assert not capture_content()
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
     assert capture_content()
     for capture in (False, True):
-        call = _Call(started=0.0, capture=capture, prompt="the prompt" if capture else "")
+        call = Call(started=0.0, capture=capture, prompt="the prompt" if capture else "")
         call.add(Delta([7], "an answer"))
         attributes = call.span_attributes()
         assert (attributes.get("gen_ai.prompt"), attributes.get("gen_ai.completion")) == (

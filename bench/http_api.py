@@ -1,0 +1,229 @@
+"""What the OpenAI-compatible HTTP API costs next to gRPC: the same requests through both APIs of
+one coordinator, side by side in one run, at one stream and at 16.
+
+Two parts, each with both APIs on the same engine (the same coordinator process and port pair):
+  transport  an engine that generates nothing (it echoes max_tokens tokens at once): the cost of
+             the API itself per request, which a model's time would hide in the noise
+  stack      the local stack on the embedded model (n-gram drafts, EOS off so every call makes
+             exactly --max-new-tokens tokens): what a client sees in tokens/s
+Modes: `unary` (Generate / a completions response) and `stream` (GenerateStream / server-sent
+events). The clients run in a process of their own (grpc.aio, and httpx2, the `openai` SDK's
+transport), so their CPU is not the server's; arms alternate in a fresh seeded order each repeat.
+Per mode and concurrency: the median latency per request of each API, their difference, and
+tokens/s (all the wave's tokens over its wall clock) with the HTTP / gRPC ratio.
+
+  python -m specdec.bench.http_api [--repeats 5] [--prompts 2] [--skip-stack] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import multiprocessing
+import platform
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+
+ARMS = ("grpc", "http")
+MODES = ("unary", "stream")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.http_api", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target-model", default=None, help="the stack part's target (default: the embedded Gemma 3 270M)")
+    p.add_argument("--prompts", type=int, default=2, help="free-text prompts (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5, help="waves per arm, mode and concurrency (default 5)")
+    p.add_argument("--concurrency", type=int, action="append", help="streams at once (repeatable; default 1 and 16)")
+    p.add_argument("--transport-requests", type=int, default=50, help="requests per wave in the transport part")
+    p.add_argument("--skip-stack", action="store_true", help="the transport part only (no model)")
+    p.add_argument("--json", default=None, metavar="PATH")
+    args = p.parse_args(argv)
+    args.concurrency = args.concurrency or [1, 16]
+    for name in ("prompts", "max_new_tokens", "repeats", "transport_requests"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if min(args.concurrency) < 1:
+        p.error("--concurrency must be >= 1")
+    return args
+
+
+class EchoEngine:
+    """An engine with no model: `max_new_tokens` tokens, one a delta, at once (the transport part)."""
+
+    def __init__(self):
+        self.target = type("Target", (), {"name": "echo", "max_context": 1 << 20})()
+
+    async def stream(self, request):
+        from specdec.coordinator.engine import Delta, FinishReason, SpeculationStats
+
+        n = request.max_new_tokens
+        for i in range(n):
+            last = i == n - 1
+            yield Delta(
+                [7], "x", FinishReason.LENGTH if last else None, 4 if last else 0, SpeculationStats() if last else None
+            )
+
+
+# --- the client process --------------------------------------------------------------------------------
+
+
+def client_wave(arm: str, mode: str, grpc_address: str, http_url: str, prompts: list, max_new_tokens: int, c: int):
+    """One wave, in the client process: for each prompt, `c` identical requests at once. Returns
+    (per-request seconds, wave seconds, tokens); a request first warms the connection."""
+    return asyncio.run(_wave(arm, mode, grpc_address, http_url, prompts, max_new_tokens, c))
+
+
+async def _wave(arm, mode, grpc_address, http_url, prompts, max_new_tokens, c):
+    import grpc
+    import httpx2
+
+    from specdec.v1 import generation_pb2 as pb
+    from specdec.v1 import generation_pb2_grpc
+
+    latencies: list[float] = []
+    tokens = 0
+    async with grpc.aio.insecure_channel(grpc_address) as channel, httpx2.AsyncClient(timeout=600) as http:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+
+        async def one(ids: list[int]) -> int:
+            started = time.perf_counter()
+            if arm == "grpc":
+                request = pb.GenerateRequest(prompt_token_ids=ids, max_new_tokens=max_new_tokens)
+                if mode == "unary":
+                    n = len((await stub.Generate(request)).token_ids)
+                else:
+                    stream_request = pb.GenerateStreamRequest.FromString(request.SerializeToString())
+                    n = 0
+                    async for message in stub.GenerateStream(stream_request):
+                        n += len(message.token_ids)
+            else:
+                body = {"prompt": ids, "max_tokens": max_new_tokens, "temperature": 0}
+                if mode == "unary":
+                    response = await http.post(http_url + "/v1/completions", json=body)
+                    n = response.json()["usage"]["completion_tokens"]
+                else:
+                    body.update(stream=True, stream_options={"include_usage": True})
+                    n = 0
+                    async with http.stream("POST", http_url + "/v1/completions", json=body) as response:
+                        async for line in response.aiter_lines():
+                            if line.startswith("data: {") and '"usage":{' in line:
+                                n = json.loads(line[6:])["usage"]["completion_tokens"]
+            latencies.append(time.perf_counter() - started)
+            return n
+
+        await one(prompts[0])  # connect and warm up, untimed
+        latencies.clear()
+        wave_started = time.perf_counter()
+        for ids in prompts:
+            tokens += sum(await asyncio.gather(*(one(ids) for _ in range(c))))
+        return latencies, time.perf_counter() - wave_started, tokens
+
+
+# --- the server process --------------------------------------------------------------------------------
+
+
+async def measure(server, prompts: list, max_new_tokens: int, args, part: str, pool) -> list[dict]:
+    grpc_address, http_url = f"127.0.0.1:{server.port}", f"http://127.0.0.1:{server.http_port}"
+    loop = asyncio.get_running_loop()
+    order = random.Random(0)
+    rows = []
+    for mode in MODES:
+        for c in args.concurrency:
+            runs: dict[str, list] = {arm: [] for arm in ARMS}
+            for _ in range(args.repeats):
+                for arm in order.sample(ARMS, len(ARMS)):
+                    wave = await loop.run_in_executor(
+                        pool, client_wave, arm, mode, grpc_address, http_url, prompts, max_new_tokens, c
+                    )
+                    runs[arm].append(wave)
+            row = {"part": part, "mode": mode, "concurrency": c}
+            for arm in ARMS:
+                row[f"{arm}_latency_ms"] = 1000 * statistics.median(s for lat, _, _ in runs[arm] for s in lat)
+                row[f"{arm}_tokens_per_s"] = statistics.median(n / wall for _, wall, n in runs[arm])
+            row["http_extra_ms"] = row["http_latency_ms"] - row["grpc_latency_ms"]
+            row["http_over_grpc_tokens_per_s"] = row["http_tokens_per_s"] / row["grpc_tokens_per_s"]
+            rows.append(row)
+            print(_line(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def _line(row: dict) -> str:
+    return (
+        f"{row['part']:<9} {row['mode']:<6} c={row['concurrency']:<3} latency ms grpc {row['grpc_latency_ms']:8.2f} "
+        f"http {row['http_latency_ms']:8.2f} (+{row['http_extra_ms']:.2f})   tokens/s grpc "
+        f"{row['grpc_tokens_per_s']:8.1f} http {row['http_tokens_per_s']:8.1f} "
+        f"(x{row['http_over_grpc_tokens_per_s']:.3f})"
+    )
+
+
+async def run(args: argparse.Namespace) -> dict:
+    from specdec.coordinator.server import GenerationServer, ServerConfig
+
+    rows = []
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        server = GenerationServer(EchoEngine(), ServerConfig(port=0, http_port=0, max_inflight=256))
+        await server.start()
+        try:
+            echo_prompts = [[5, 6, 7, 8]] * args.transport_requests
+            rows += await measure(server, echo_prompts, args.max_new_tokens, args, "transport", pool)
+        finally:
+            await server.stop(0)
+        if not args.skip_stack:
+            rows += await _stack_part(args, pool)
+    finally:
+        pool.shutdown()
+    return {"config": vars(args), "rows": rows}
+
+
+async def _stack_part(args: argparse.Namespace, pool) -> list[dict]:
+    from specdec.bench.prompts import workload
+    from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
+    from specdec.coordinator.remote import connect_engine
+    from specdec.coordinator.server import GenerationServer, ServerConfig
+    from specdec.drafts.loading import load_tokenizer
+    from specdec.local.stack import LocalStack, StackConfig
+    from specdec.target_service.pool import PoolConfig, TargetPool
+
+    tokenizer = load_tokenizer(args.target_model)
+    prompts = [tokenizer(text)["input_ids"] for _, text in workload("free", args.prompts)]
+    config = StackConfig(
+        target_model=args.target_model, draft_model="ngram", pool_name="specdec-bench-http", metrics_port=0
+    )
+    async with LocalStack(config) as stack:
+        target_pool = TargetPool(PoolConfig(prefix=config.pool_name, namespace=config.namespace))
+        engine = await connect_engine(stack.draft, target_pool, args.target_model, EngineConfig())
+        # EOS off: every call generates exactly max_new_tokens, in both APIs.
+        target = replace(engine.target, eos_token_ids=frozenset())
+        engine = SpeculativeEngine(engine.proposer, engine.verifier, target, engine.config)
+        server = GenerationServer(engine, ServerConfig(port=0, http_port=0, max_inflight=256))
+        await server.start()
+        try:
+            return await measure(server, prompts, args.max_new_tokens, args, "stack", pool)
+        finally:
+            await server.stop(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    results = asyncio.run(run(args))
+    results["machine"] = {"platform": platform.platform(), "python": platform.python_version()}
+    results["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    print()
+    for row in results["rows"]:
+        print(_line(row))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""The OpenAI-compatible HTTP API, in the coordinator's process beside gRPC (Starlette on uvicorn).
+
+POST /v1/completions and /v1/chat/completions (whole or as server-sent events ending with
+`data: [DONE]`), GET /v1/models and GET /health. Every generation runs through the same `Calls`
+as the gRPC API (calls.py): the same validation, admission, deadline, spans and metrics. Status
+codes follow the gRPC code the call ended with: 400 INVALID_ARGUMENT, 404 an unknown model, 429
+RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504 DEADLINE_EXCEEDED, 500 otherwise; errors are OpenAI's
+error JSON. A failure before the first token is the response's status; after it (the stream's
+200 is sent), an `error` event ends the stream. A client that disconnects cancels its generation:
+the engine ends both tiers' sessions. The deadline is the `x-request-timeout` header (seconds),
+when sent. Every answer carries `x-request-id`; generations also `x-trace-id`, the trace's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+import uvicorn
+from opentelemetry import propagate
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from specdec.coordinator import metrics
+from specdec.coordinator import openai_protocol as oai
+from specdec.coordinator.calls import Call, CallFailed, Calls, CallSpan
+from specdec.coordinator.engine import Delta
+from specdec.core.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
+
+# As the gRPC port's limit: a prompt as long as any model's context is far below it.
+MAX_BODY_BYTES = 16 << 20
+TIMEOUT_HEADER = "x-request-timeout"
+
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "overloaded_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable_error"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
+}
+
+
+class HttpApi:
+    """The ASGI application (`app`) over one coordinator's `Calls`."""
+
+    def __init__(self, calls: Calls, served_model: str, max_context: int):
+        self.calls = calls
+        self.served_model = served_model
+        self.max_context = max_context
+        self.serving = True  # False from the start of a stop: /health answers 503
+        self.started = int(time.time())
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+            ]
+        )
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.serving else 503)
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.served_model, "object": "model", "created": self.started, "owned_by": "specdec"}
+        model["max_model_len"] = self.max_context
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, oai.COMPLETIONS, "cmpl-")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, oai.CHAT, "chatcmpl-")
+
+    async def _generate(self, request: Request, kind: str, id_prefix: str) -> Response:
+        call_id = uuid.uuid4().hex
+        headers = {"x-request-id": call_id}
+        try:
+            parsed = oai.parse(kind, await _json_body(request), self.served_model)
+            timeout_s = _timeout(request.headers.get(TIMEOUT_HEADER))
+        except InvalidArgument as e:
+            metrics.REQUESTS.labels("", grpc.StatusCode.INVALID_ARGUMENT.name).inc()  # as gRPC's unparsable requests
+            return _error(grpc.StatusCode.INVALID_ARGUMENT, str(e), e.field, headers)
+        except oai.ModelNotFound as e:
+            metrics.REQUESTS.labels("", grpc.StatusCode.NOT_FOUND.name).inc()
+            return _error(grpc.StatusCode.NOT_FOUND, str(e), "model", headers, "model_not_found")
+        except _BodyTooLarge as e:
+            metrics.REQUESTS.labels("", grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()  # as gRPC's message limit
+            return JSONResponse(oai.error_body(str(e), "invalid_request_error"), 413, headers)
+        path = request.url.path
+        span = CallSpan(
+            f"POST {path}",
+            {"http.request.method": "POST", "url.path": path},
+            lambda code: {"http.response.status_code": _http_status(code)[0]},
+            propagate.extract(request.headers),
+        )
+        generation = _Generation(self.calls, path, parsed, span, timeout_s, call_id)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, generation))
+        try:
+            first = await generation.next()
+        except CallFailed as e:
+            watcher.cancel()
+            return _failed(e, parsed, headers)
+        except asyncio.CancelledError:  # the server is stopping past its grace period
+            watcher.cancel()
+            generation.cancel()
+            raise
+        if first is None:  # the client left before the first token: nobody reads an answer
+            watcher.cancel()
+            return Response(status_code=499, headers=headers)
+        headers["x-trace-id"] = first[1]
+        reply = oai.Reply(kind, id_prefix + call_id, self.served_model)
+        if parsed.stream:
+            return _EventStream(_events(generation, parsed, reply, first[0]), generation, watcher, headers)
+        try:
+            return await _whole(generation, parsed, reply, first[0], headers)
+        except asyncio.CancelledError:
+            generation.cancel()
+            raise
+        finally:
+            watcher.cancel()
+
+
+class _Generation:
+    """One request's run through `Calls`, in a task of its own; `next` reads its deltas."""
+
+    def __init__(
+        self, calls: Calls, method: str, parsed: oai.HttpRequest, span: CallSpan, timeout_s: float | None, call_id: str
+    ):
+        self.parsed = parsed
+        self.deltas: asyncio.Queue = asyncio.Queue()  # (delta, trace id) ..., then None: the end
+        self.task = asyncio.create_task(
+            calls.run(parsed.generation, method, span, timeout_s, self._put, call_id=call_id)
+        )
+        self.task.add_done_callback(lambda _: self.deltas.put_nowait(None))
+
+    async def _put(self, delta: Delta, trace_id: str) -> None:
+        self.deltas.put_nowait((delta, trace_id))
+
+    async def next(self) -> tuple[Delta, str] | None:
+        """The next (delta, trace id); None once the run ended well or cancelled; raises its
+        CallFailed."""
+        item = await self.deltas.get()
+        if item is None:
+            self.deltas.put_nowait(None)  # every later read sees the end too
+            if not self.task.cancelled():
+                self.task.result()  # raises the run's CallFailed
+        return item
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+    async def finished(self) -> Call | None:
+        try:
+            return await asyncio.shield(self.task)
+        except (asyncio.CancelledError, CallFailed):
+            return None
+
+
+async def _whole(
+    generation: _Generation, parsed: oai.HttpRequest, reply: oai.Reply, delta: Delta, headers: dict
+) -> Response:
+    token_ids, texts = list(delta.token_ids), [delta.text]
+    try:
+        while delta.finish_reason is None:
+            item = await generation.next()
+            if item is None:
+                return Response(status_code=499, headers=headers)  # cancelled: the client left
+            delta = item[0]
+            token_ids.extend(delta.token_ids)
+            texts.append(delta.text)
+    except CallFailed as e:
+        return _failed(e, parsed, headers)
+    final = Delta(token_ids, "".join(texts), delta.finish_reason, delta.prompt_tokens, delta.stats)
+    return JSONResponse(reply.whole(final), headers=headers)
+
+
+async def _events(
+    generation: _Generation, parsed: oai.HttpRequest, reply: oai.Reply, delta: Delta
+) -> AsyncIterator[bytes]:
+    """The stream's events: the chunks, the usage chunk when asked for, then [DONE]; a failure
+    after the first token is an `error` event."""
+    completion_tokens, first = 0, True
+    try:
+        while True:
+            completion_tokens += len(delta.token_ids)
+            if delta.text or first or delta.finish_reason is not None:
+                yield _event(reply.chunk(delta, first=first and parsed.kind == oai.CHAT))
+                first = False
+            if delta.finish_reason is not None:
+                if parsed.include_usage:
+                    yield _event(reply.usage_chunk(delta, completion_tokens))
+                break
+            item = await generation.next()
+            if item is None:
+                return  # cancelled: the client left
+            delta = item[0]
+    except CallFailed as e:
+        yield _event(json.loads(_failed(e, parsed, {}).body))
+    yield b"data: [DONE]\n\n"
+
+
+def _event(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _EventStream(Response):
+    """Server-sent events from `events`. The generation is cancelled if the client disconnects
+    (the watcher) or the response cannot be sent; the watcher stops with the response."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], generation: _Generation, watcher: asyncio.Task, headers: dict):
+        self.events = events
+        self.generation = generation
+        self.watcher = watcher
+        self.status_code = 200
+        self.background = None
+        self.init_headers({**headers, "cache-control": "no-cache"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self.watcher.cancel()
+            if not self.generation.task.done():
+                self.generation.cancel()
+                await self.generation.finished()
+
+
+async def _cancel_on_disconnect(receive: Receive, generation: _Generation) -> None:
+    """Wait for the client to go away (the request body is read by now), then cancel."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    generation.cancel()
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _json_body(request: Request):
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise _BodyTooLarge(f"the request body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidArgument("body", f"is not valid JSON: {e}") from e
+
+
+def _timeout(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise InvalidArgument(TIMEOUT_HEADER, f"must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _http_status(code: grpc.StatusCode) -> tuple[int, str]:
+    """(HTTP status, OpenAI error type) of a call's end; 499 (nginx's): the client left first."""
+    if code is grpc.StatusCode.OK:
+        return 200, ""
+    if code is grpc.StatusCode.CANCELLED:
+        return 499, "cancelled"
+    return _HTTP_STATUS.get(code, (500, "server_error"))
+
+
+def _failed(e: CallFailed, parsed: oai.HttpRequest, headers: dict) -> Response:
+    """A failed call's answer; an invalid field is named as the request named it."""
+    if e.field is None:
+        return _error(e.code, e.message, None, headers)
+    param = parsed.http_param(e.field)
+    return _error(e.code, f"{param}: {e.detail}", param, headers)
+
+
+def _error(
+    code: grpc.StatusCode, message: str, param: str | None, headers: dict, error_code: str | None = None
+) -> Response:
+    status, kind = _http_status(code)
+    return JSONResponse(oai.error_body(message, kind, param, error_code), status, headers)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn in a loop it does not own: the coordinator handles the process's signals."""
+
+    def capture_signals(self):
+        return _NoSignals()
+
+
+class _NoSignals:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class HttpServer:
+    """`HttpApi` on `host:port` (0 picks a free one): `start`, then `stop`."""
+
+    def __init__(self, api: HttpApi, host: str, port: int, grace_s: float):
+        self.api = api
+        self.host, self.port = host, port
+        self.grace_s = grace_s
+        self._server: _Server | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound port. A busy port raises OSError."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.api.app, lifespan="off", log_level="warning", access_log=False,
+            timeout_graceful_shutdown=self.grace_s,
+        )  # fmt: skip
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise RuntimeError("the HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+        return self.port
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """503 on /health, refuse new connections, give requests in flight `grace_s` (default:
+        the server's)."""
+        self.api.serving = False
+        if self._server is not None and self._task is not None:
+            if grace_s is not None:
+                self._server.config.timeout_graceful_shutdown = grace_s
+            self._server.should_exit = True
+            await self._task
+            self._server = self._task = None

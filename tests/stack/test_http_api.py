@@ -1,0 +1,409 @@
+"""The OpenAI-compatible HTTP API end to end, through the official `openai` client: a real draft
+server, the target pool on the local Ray, tiny models, the coordinator's HTTP port on 127.0.0.1:0
+beside its gRPC port. The same request gives the same tokens over either API; bad requests,
+deadlines, overload and disconnects get OpenAI's errors and free both tiers' sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import httpx2 as httpx
+import openai
+import pytest
+import ray
+from loop_thread import LoopThread
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from specdec.coordinator.clients import DraftClient
+from specdec.coordinator.engine import Delta, EngineConfig, FinishReason, SpeculationStats
+from specdec.coordinator.remote import connect_engine
+from specdec.coordinator.server import GenerationServer, ServerConfig
+from specdec.draft_service.server import DraftServer
+from specdec.draft_service.service import DraftCore
+from specdec.target_service.actor import ActorConfig
+from specdec.target_service.pool import PoolConfig, TargetPool, launch
+from specdec.v1 import common_pb2, generation_pb2_grpc
+from specdec.v1 import generation_pb2 as pb
+
+NAMESPACE, POOL = "specdec-test", "test-http"
+TARGET_SEED = 1  # as in test_coordinator: a tiny target that neither stalls nor never repeats
+PROMPT = "abcabcabd abcabc"
+# A template of the test's own: the tiny models' tokenizer has none (as `--chat-template FILE` gives one).
+TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "abcabc abcab"}]
+
+
+class Stack:
+    """One n-gram draft server, one target actor, and two coordinators over them: `chat` (a chat
+    template, HTTP and gRPC) and `plain` (no template)."""
+
+    def __init__(self, tiny_dir):
+        self.loop = LoopThread()
+        self.spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.tracer = provider.get_tracer("test")
+        launch(ActorConfig(target_model=tiny_dir("llama", TARGET_SEED)), 1, prefix=POOL, namespace=NAMESPACE)
+        self.pool = TargetPool(PoolConfig(prefix=POOL, namespace=NAMESPACE))
+        self.actor = next(iter(self.pool.actors.values()))
+        self.servers: dict[str, GenerationServer] = {}
+        self.loop.run(self._start())
+        chat = self.servers["chat"]
+        self.grpc_channel = grpc.insecure_channel(f"127.0.0.1:{chat.port}")
+        self.stub = generation_pb2_grpc.GenerationServiceStub(self.grpc_channel)
+        self.base_url = f"http://127.0.0.1:{chat.http_port}"
+        self.client = openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        self.plain = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{self.servers['plain'].http_port}/v1", api_key="unused", max_retries=0
+        )
+        self.model = self.client.models.list().data[0].id
+
+    async def _start(self) -> None:
+        self.draft = DraftServer(DraftCore(None))
+        port = await self.draft.start("127.0.0.1", 0)
+        self.draft_client = DraftClient(f"127.0.0.1:{port}")
+        for name, template in (("chat", TEMPLATE), ("plain", None)):
+            config = EngineConfig(max_draft_tokens=8, adaptive=False, chat_template=template)
+            engine = await connect_engine(self.draft_client, self.pool, None, config, self.tracer)
+            server = GenerationServer(engine, ServerConfig(port=0, http_port=0, max_inflight=8), tracer=self.tracer)
+            await server.start()
+            self.servers[name] = server
+
+    def sessions(self) -> tuple[int, int]:
+        return len(self.draft.core.store), ray.get(self.actor.info.remote())["sessions"]
+
+    def close(self) -> None:
+        self.grpc_channel.close()
+        self.client.close()
+        self.plain.close()
+
+        async def stop():
+            for server in self.servers.values():
+                await server.stop(0)
+            await self.draft_client.close()
+            await self.draft.stop(0)
+
+        self.loop.run(stop())
+        self.loop.close()
+        ray.kill(self.actor, no_restart=True)
+
+
+@pytest.fixture(scope="module")
+def stack(ray_local, tiny_dir):
+    s = Stack(tiny_dir)
+    yield s
+    s.close()
+
+
+def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def _grpc(stack, **fields) -> pb.GenerateResponse:
+    return stack.stub.Generate(pb.GenerateRequest(**fields), timeout=60)
+
+
+# --- the same output as the gRPC API --------------------------------------------------------------------
+
+
+def test_models_and_health(stack):
+    models = stack.client.models.list().data
+    assert [m.id for m in models] == [stack.servers["chat"].calls.model_name]
+    assert httpx.get(stack.base_url + "/health").status_code == 200
+
+
+def test_completion_equals_grpc_and_carries_usage_speculation_and_trace(stack):
+    expected = _grpc(stack, prompt=PROMPT, max_new_tokens=24)
+    stack.spans.clear()
+    raw = stack.client.completions.with_raw_response.create(
+        model=stack.model, prompt=PROMPT, max_tokens=24, temperature=0
+    )
+    completion = raw.parse()
+    assert completion.choices[0].text == expected.text and completion.object == "text_completion"
+    assert completion.choices[0].finish_reason == "length"
+    assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (
+        expected.usage.prompt_tokens,
+        len(expected.token_ids),
+    )
+    speculation = completion.model_extra["speculation"]
+    assert speculation["rounds"] > 0 and speculation["draft_tokens"] > 0  # n-gram drafts were verified
+    trace_id = raw.headers["x-trace-id"]
+
+    def server_spans():
+        return [s for s in stack.spans.get_finished_spans() if s.name == "POST /v1/completions"]
+
+    until(lambda: server_spans())  # the span ends just after the response's last byte
+    server = server_spans()
+    assert len(server) == 1 and f"{server[0].context.trace_id:032x}" == trace_id
+    assert server[0].attributes["http.response.status_code"] == 200
+    rounds = [s for s in stack.spans.get_finished_spans() if s.parent and s.parent.span_id == server[0].context.span_id]
+    assert len(rounds) == speculation["rounds"]  # the same round spans as a gRPC call's
+
+
+def test_streamed_completion_concatenates_to_the_whole_one_and_ends_with_usage(stack):
+    whole = stack.client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=24, temperature=0)
+    chunks = list(
+        stack.client.completions.create(
+            model=stack.model,
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_sampled_completion_with_a_seed_equals_grpc(stack):
+    sampling = common_pb2.SamplingParams(temperature=0.8, top_p=0.9, seed=77)
+    expected = _grpc(stack, prompt=PROMPT, max_new_tokens=20, sampling=sampling)
+    got = stack.client.completions.create(
+        model=stack.model, prompt=PROMPT, max_tokens=20, temperature=0.8, top_p=0.9, seed=77
+    )
+    assert got.choices[0].text == expected.text
+
+
+def test_chat_equals_grpc_messages_whole_and_streamed(stack):
+    messages = [pb.ChatMessage(role=m["role"], content=m["content"]) for m in CHAT]
+    expected = _grpc(stack, messages=messages, max_new_tokens=20)
+    chat = stack.client.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=20, temperature=0)
+    assert chat.choices[0].message.content == expected.text and chat.choices[0].message.role == "assistant"
+    assert chat.usage.prompt_tokens == expected.usage.prompt_tokens
+    # The template's text, tokenized: the prompt the gRPC API and the HTTP API both built.
+    tokenizer = stack.servers["chat"].calls.engine.target.tokenizer
+    rendered = "[system] be brief\n[user] abcabc abcab\n[assistant] "
+    assert chat.usage.prompt_tokens == len(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    streamed = list(
+        stack.client.chat.completions.create(
+            model=stack.model, messages=CHAT, max_completion_tokens=20, temperature=0, stream=True
+        )
+    )
+    assert streamed[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == expected.text
+    assert streamed[-1].choices[0].finish_reason == "length" and "speculation" in streamed[-1].model_extra
+
+
+def test_speculation_object_turns_drafts_off_and_changes_no_token(stack):
+    on = stack.client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=16, temperature=0)
+    off = stack.client.completions.create(
+        model=stack.model, prompt=PROMPT, max_tokens=16, temperature=0, extra_body={"speculation": {"disabled": True}}
+    )
+    assert off.choices[0].text == on.choices[0].text
+    assert off.model_extra["speculation"]["draft_tokens"] == 0 and on.model_extra["speculation"]["draft_tokens"] > 0
+    one = stack.client.completions.create(
+        model=stack.model,
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"speculation": {"max_draft_tokens": 1}},
+    )
+    assert one.choices[0].text == on.choices[0].text
+    assert max(len(one.model_extra["speculation"]["accepted_per_position"]), 1) == 1
+
+
+# --- errors ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"n": 2}, "n"),
+        ({"extra_body": {"logprobs": 3}}, "logprobs"),
+        ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+        ({"temperature": -1}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 100000}, "max_tokens"),
+        ({"seed": -3}, "seed"),
+        ({"stop": ["x"] * 40}, "stop"),
+        ({"extra_body": {"speculation": {"max_draft_tokens": 99}}}, "speculation.max_draft_tokens"),
+        ({"extra_body": {"speculation": {"k": 2}}}, "speculation.k"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"prompt": [1, 2, 100000]}, "prompt"),
+    ],
+)
+def test_bad_completion_is_400_naming_the_parameter(stack, kwargs, param):
+    kwargs = {"model": stack.model, "prompt": PROMPT, "max_tokens": 8, **kwargs}
+    with pytest.raises(openai.BadRequestError) as info:
+        stack.client.completions.create(**kwargs)
+    error = info.value.body
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+    assert param in error["message"]
+
+
+@pytest.mark.parametrize(
+    "messages, param",
+    [
+        ([], "messages"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
+        ([{"role": "wizard", "content": "hi"}], "messages[0].role"),
+        ([{"role": "user", "content": "hi", "tool_calls": [{"id": "1"}]}], "messages[0].tool_calls"),
+    ],
+)
+def test_bad_chat_is_400_naming_the_parameter(stack, messages, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        stack.client.chat.completions.create(model=stack.model, messages=messages, max_tokens=4)
+    assert info.value.body["param"] == param, info.value.body
+
+
+def test_chat_without_a_template_names_messages_on_both_apis(stack):
+    with pytest.raises(openai.BadRequestError) as info:
+        stack.plain.chat.completions.create(model=stack.model, messages=CHAT, max_tokens=4)
+    assert info.value.body["param"] == "messages" and "--chat-template" in info.value.body["message"]
+    plain = stack.servers["plain"]
+    with grpc.insecure_channel(f"127.0.0.1:{plain.port}") as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        request = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="hi")], max_new_tokens=4)
+        with pytest.raises(grpc.RpcError) as rpc:
+            stub.Generate(request, timeout=30)
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and rpc.value.details().startswith("messages: ")
+    with pytest.raises(grpc.RpcError) as rpc:
+        _grpc(stack, prompt="x", messages=[pb.ChatMessage(role="user", content="hi")], max_new_tokens=4)
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and rpc.value.details().startswith("prompt: ")
+
+
+def test_unknown_model_is_404_and_bad_json_400(stack):
+    with pytest.raises(openai.NotFoundError) as info:
+        stack.client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)
+    assert info.value.body["code"] == "model_not_found"
+    response = httpx.post(stack.base_url + "/v1/completions", content=b"{not json", timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "body"
+    response = httpx.post(
+        stack.base_url + "/v1/completions",
+        json={"prompt": PROMPT},
+        headers={"x-request-timeout": "soon"},
+        timeout=30,
+    )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "x-request-timeout"
+
+
+def test_deadline_is_504_and_frees_both_tiers(stack):
+    response = httpx.post(
+        stack.base_url + "/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 200, "temperature": 0},
+        headers={"x-request-timeout": "0.001"},
+        timeout=30,
+    )
+    assert response.status_code == 504 and response.json()["error"]["type"] == "timeout_error"
+    until(lambda: stack.servers["chat"].stats.in_flight == 0)
+    until(lambda: stack.sessions() == (0, 0))
+
+
+def test_disconnect_mid_stream_cancels_the_generation_and_frees_both_tiers(stack):
+    stats = stack.servers["chat"].stats
+    failed = stats.failed
+    body = {"prompt": PROMPT, "max_tokens": 230, "temperature": 0, "stream": True}
+    body["speculation"] = {"disabled": True}  # one token a round: many rounds to cut short
+    with httpx.stream("POST", stack.base_url + "/v1/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[len("data: ") :])["choices"][0]["finish_reason"] is None
+    # The connection is closed with the generation unfinished.
+    until(lambda: stats.in_flight == 0)
+    assert stats.failed == failed + 1  # cancelled, not run to its end
+    until(lambda: stack.sessions() == (0, 0))
+
+
+class _GatedEngine:
+    """Stands in for the engine: every stream waits for `release` (the server only translates)."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.entered = 0
+        self.target = type("Target", (), {"name": "gated", "max_context": 64})()
+
+    async def stream(self, request):
+        self.entered += 1
+        await self.release.wait()
+        yield Delta([7], "x", FinishReason.LENGTH, 1, SpeculationStats())
+
+
+def test_beyond_max_inflight_is_429():
+    loop = LoopThread()
+    engine = _GatedEngine()
+
+    async def start():
+        server = GenerationServer(engine, ServerConfig(port=0, http_port=0, max_inflight=1))
+        await server.start()
+        return server
+
+    server = loop.run(start())
+    try:
+        with (
+            openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key="-", max_retries=0) as client,
+            ThreadPoolExecutor(1) as pool,
+        ):
+
+            def streamed() -> list[str]:
+                chunks = client.completions.create(model="gated", prompt="a", max_tokens=1, stream=True)
+                return [c.choices[0].text for c in chunks]
+
+            first = pool.submit(streamed)  # its headers come with its first token: after the release
+            until(lambda: engine.entered == 1)
+            with pytest.raises(openai.RateLimitError) as info:
+                client.completions.create(model="gated", prompt="a", max_tokens=1)
+            assert "max_inflight 1" in info.value.body["message"]
+            loop.loop.call_soon_threadsafe(engine.release.set)
+            assert first.result(timeout=30) == ["x"]
+            assert client.completions.create(model="gated", prompt="a", max_tokens=1).choices[0].text == "x"
+    finally:
+        loop.run(server.stop(0))
+        loop.close()
+
+
+class _FailingEngine:
+    """Stands in for the engine: the target tier fails after `rounds` rounds."""
+
+    def __init__(self, rounds: int):
+        self.rounds = rounds
+        self.target = type("Target", (), {"name": "failing", "max_context": 64})()
+
+    async def stream(self, request):
+        from specdec.target_service.pool import TargetUnavailable
+
+        for _ in range(self.rounds):
+            yield Delta([7], "x")
+        raise TargetUnavailable("no actor answers")
+
+
+def test_target_tier_down_is_503_before_the_first_token_and_an_error_event_after():
+    loop = LoopThread()
+
+    async def start(rounds):
+        server = GenerationServer(_FailingEngine(rounds), ServerConfig(port=0, http_port=0))
+        await server.start()
+        return server
+
+    servers = [loop.run(start(rounds)) for rounds in (0, 2)]
+    try:
+        before, after = (f"http://127.0.0.1:{s.http_port}" for s in servers)
+        response = httpx.post(before + "/v1/completions", json={"prompt": "a", "stream": True}, timeout=30)
+        assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable_error"
+        with openai.OpenAI(base_url=after + "/v1", api_key="-", max_retries=0) as client:
+            texts = []
+            with pytest.raises(openai.APIError) as info:
+                for chunk in client.completions.create(model="failing", prompt="a", stream=True):
+                    texts.append(chunk.choices[0].text)
+            assert texts == ["x", "x"] and "target tier" in info.value.message
+    finally:
+        for server in servers:
+            loop.run(server.stop(0))
+        loop.close()
