@@ -9,8 +9,11 @@ Two parts, each with both APIs on the same engine (the same coordinator process 
 Modes: `unary` (Generate / a completions response) and `stream` (GenerateStream / server-sent
 events). The clients run in a process of their own (grpc.aio, and httpx2, the `openai` SDK's
 transport), so their CPU is not the server's; arms alternate in a fresh seeded order each repeat.
-Per mode and concurrency: the median latency per request of each API, their difference, and
-tokens/s (all the wave's tokens over its wall clock) with the HTTP / gRPC ratio.
+Per mode and concurrency: the median latency per request of each API; the median time outside
+the engine (the client's wait less the engine's own `generation_seconds`), whose HTTP - gRPC
+difference is the API's cost per request, free of the model's noise; and tokens/s (all the
+wave's tokens over its wall clock) with the HTTP / gRPC ratio. The stack part runs a fixed k, so
+both APIs' requests do the same rounds.
 
   python -m specdec.bench.http_api [--repeats 5] [--prompts 2] [--skip-stack] [--json out.json]
 """
@@ -87,7 +90,7 @@ async def _wave(arm, mode, grpc_address, http_url, prompts, max_new_tokens, c):
     from specdec.v1 import generation_pb2 as pb
     from specdec.v1 import generation_pb2_grpc
 
-    latencies: list[float] = []
+    requests: list[tuple[float, float]] = []  # (seconds the client waited, seconds the engine generated)
     tokens = 0
     async with grpc.aio.insecure_channel(grpc_address) as channel, httpx2.AsyncClient(timeout=600) as http:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
@@ -97,33 +100,36 @@ async def _wave(arm, mode, grpc_address, http_url, prompts, max_new_tokens, c):
             if arm == "grpc":
                 request = pb.GenerateRequest(prompt_token_ids=ids, max_new_tokens=max_new_tokens)
                 if mode == "unary":
-                    n = len((await stub.Generate(request)).token_ids)
+                    last = await stub.Generate(request)
                 else:
-                    stream_request = pb.GenerateStreamRequest.FromString(request.SerializeToString())
-                    n = 0
-                    async for message in stub.GenerateStream(stream_request):
-                        n += len(message.token_ids)
+                    stream = stub.GenerateStream(pb.GenerateStreamRequest.FromString(request.SerializeToString()))
+                    async for message in stream:
+                        last = message
+                n, generation_s = last.usage.completion_tokens, last.speculation.generation_seconds
             else:
                 body = {"prompt": ids, "max_tokens": max_new_tokens, "temperature": 0}
                 if mode == "unary":
-                    response = await http.post(http_url + "/v1/completions", json=body)
-                    n = response.json()["usage"]["completion_tokens"]
+                    final = (await http.post(http_url + "/v1/completions", json=body)).json()
+                    n = final["usage"]["completion_tokens"]
                 else:
                     body.update(stream=True, stream_options={"include_usage": True})
-                    n = 0
+                    final, n = {}, 0
                     async with http.stream("POST", http_url + "/v1/completions", json=body) as response:
                         async for line in response.aiter_lines():
-                            if line.startswith("data: {") and '"usage":{' in line:
-                                n = json.loads(line[6:])["usage"]["completion_tokens"]
-            latencies.append(time.perf_counter() - started)
+                            if line.startswith("data: {"):
+                                chunk = json.loads(line[6:])
+                                final = chunk if "speculation" in chunk else final
+                                n = chunk["usage"]["completion_tokens"] if chunk.get("usage") else n
+                generation_s = final["speculation"]["generation_seconds"]
+            requests.append((time.perf_counter() - started, generation_s))
             return n
 
         await one(prompts[0])  # connect and warm up, untimed
-        latencies.clear()
+        requests.clear()
         wave_started = time.perf_counter()
         for ids in prompts:
             tokens += sum(await asyncio.gather(*(one(ids) for _ in range(c))))
-        return latencies, time.perf_counter() - wave_started, tokens
+        return requests, time.perf_counter() - wave_started, tokens
 
 
 # --- the server process --------------------------------------------------------------------------------
@@ -145,10 +151,16 @@ async def measure(server, prompts: list, max_new_tokens: int, args, part: str, p
                     runs[arm].append(wave)
             row = {"part": part, "mode": mode, "concurrency": c}
             for arm in ARMS:
-                row[f"{arm}_latency_ms"] = 1000 * statistics.median(s for lat, _, _ in runs[arm] for s in lat)
+                requests = [r for waited, _, _ in runs[arm] for r in waited]
+                row[f"{arm}_latency_ms"] = 1000 * statistics.median(w for w, _ in requests)
+                # The client's wait less the engine's own generation time: the API's share.
+                row[f"{arm}_outside_engine_ms"] = 1000 * statistics.median(w - g for w, g in requests)
                 row[f"{arm}_tokens_per_s"] = statistics.median(n / wall for _, wall, n in runs[arm])
-            row["http_extra_ms"] = row["http_latency_ms"] - row["grpc_latency_ms"]
+                row[f"{arm}_waves"] = [{"seconds": wall, "tokens": n} for _, wall, n in runs[arm]]
+            row["http_extra_ms"] = row["http_outside_engine_ms"] - row["grpc_outside_engine_ms"]
             row["http_over_grpc_tokens_per_s"] = row["http_tokens_per_s"] / row["grpc_tokens_per_s"]
+            # What the extra time per request costs in tokens/s, at the median request's length.
+            row["http_tokens_per_s_cost_bound"] = row["http_extra_ms"] / row["grpc_latency_ms"]
             rows.append(row)
             print(_line(row), file=sys.stderr, flush=True)
     return rows
@@ -157,9 +169,10 @@ async def measure(server, prompts: list, max_new_tokens: int, args, part: str, p
 def _line(row: dict) -> str:
     return (
         f"{row['part']:<9} {row['mode']:<6} c={row['concurrency']:<3} latency ms grpc {row['grpc_latency_ms']:8.2f} "
-        f"http {row['http_latency_ms']:8.2f} (+{row['http_extra_ms']:.2f})   tokens/s grpc "
+        f"http {row['http_latency_ms']:8.2f} | outside the engine ms grpc {row['grpc_outside_engine_ms']:6.2f} "
+        f"http {row['http_outside_engine_ms']:6.2f} ({row['http_extra_ms']:+.2f}) | tokens/s grpc "
         f"{row['grpc_tokens_per_s']:8.1f} http {row['http_tokens_per_s']:8.1f} "
-        f"(x{row['http_over_grpc_tokens_per_s']:.3f})"
+        f"(x{row['http_over_grpc_tokens_per_s']:.3f}; the extra time alone: {row['http_tokens_per_s_cost_bound']:.2%})"
     )
 
 
@@ -199,7 +212,8 @@ async def _stack_part(args: argparse.Namespace, pool) -> list[dict]:
     )
     async with LocalStack(config) as stack:
         target_pool = TargetPool(PoolConfig(prefix=config.pool_name, namespace=config.namespace))
-        engine = await connect_engine(stack.draft, target_pool, args.target_model, EngineConfig())
+        # Fixed k: both APIs' requests do the same rounds, so what differs is the API.
+        engine = await connect_engine(stack.draft, target_pool, args.target_model, EngineConfig(adaptive=False))
         # EOS off: every call generates exactly max_new_tokens, in both APIs.
         target = replace(engine.target, eos_token_ids=frozenset())
         engine = SpeculativeEngine(engine.proposer, engine.verifier, target, engine.config)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.coordinator.engine import EngineConfig
-from specdec.coordinator.flags import add_engine_flags, add_http_flags, engine_config, http_port
+from specdec.coordinator.flags import add_engine_flags, add_http_flags, engine_config, server_config
 from specdec.coordinator.server import ServerConfig
 from specdec.core import flag_types
 
@@ -117,15 +117,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         ray_address=args.ray_address,
         target_model=args.target_model,
         metrics_port=args.metrics_port,
-        server=ServerConfig(
-            host=args.host,
-            port=args.port,
-            http_port=http_port(args.http_port),
-            served_model_name=args.served_model_name,
-            max_inflight=args.max_inflight,
-            grace_s=args.grace,
-            tls=tls,
-        ),
+        server=server_config(args, grace_s=args.grace, tls=tls),
         engine=engine,
         draft_auth_token=args.draft_auth_token or None,
     )

@@ -90,9 +90,17 @@ def add_http_flags(flag: AddFlag, port: int) -> None:
     flag("served-model-name", None, str, "the model's id in the HTTP API (default: the target model's name)")
 
 
-def http_port(value: int) -> int | None:
-    """--http-port as `ServerConfig.http_port`: the flag's 0 serves no HTTP API."""
-    return value or None
+def server_config(args: argparse.Namespace, **more) -> ServerConfig:
+    """The `ServerConfig` of the parsed --host, --port, the HTTP flags and --max-inflight (the
+    flag's --http-port 0 is `http_port` None: no HTTP API), with `more` fields."""
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        http_port=args.http_port or None,
+        served_model_name=args.served_model_name,
+        max_inflight=args.max_inflight,
+        **more,
+    )
 
 
 def plain_flag(p: argparse.ArgumentParser) -> AddFlag:

@@ -278,8 +278,7 @@ def _rpc_failed(error, address: str) -> int:
 
 
 def _stack_config(args, error):
-    from specdec.coordinator.flags import engine_config, http_port
-    from specdec.coordinator.server import ServerConfig
+    from specdec.coordinator.flags import engine_config, server_config
     from specdec.local.stack import StackConfig
 
     if args.target_replicas < 1:
@@ -291,13 +290,7 @@ def _stack_config(args, error):
         target_replicas=args.target_replicas,
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,
-        server=ServerConfig(
-            host=args.host,
-            port=args.port,
-            http_port=http_port(args.http_port),
-            served_model_name=args.served_model_name,
-            max_inflight=args.max_inflight,
-        ),
+        server=server_config(args),
         engine=engine,
     )
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
+from serving_kit import until
 
 from specdec.coordinator.server import MAX_MESSAGE_BYTES, SERVICE_NAME
 from specdec.draft_service.server import SERVICE_NAME as DRAFT_SERVICE
@@ -297,20 +298,12 @@ def test_a_deadline_already_spent_is_deadline_exceeded(served):
     with pytest.raises(grpc.RpcError) as info:
         served.stub.Generate(served.good_request(max_new_tokens=64), timeout=0.001)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    _until(lambda: served.server.stats.in_flight == 0)
+    until(lambda: served.server.stats.in_flight == 0)
     assert served.sessions() == (0, 0)
     served.assert_healthy()
 
 
 # --- clients that go away mid-stream -----------------------------------------------------------------------------
-
-
-def _until(condition, timeout_s: float = 10.0) -> None:
-    """Wait for server-side cleanup the test cannot be told of, bounded."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def test_a_client_that_closes_its_channel_mid_stream_frees_both_tiers(served):
@@ -323,8 +316,8 @@ def test_a_client_that_closes_its_channel_mid_stream_frees_both_tiers(served):
     )
     assert next(stream).token_ids
     channel.close()  # no cancel: the connection just goes
-    _until(lambda: served.server.stats.in_flight == 0 and served.server.stats.failed == failed + 1)
-    _until(lambda: served.sessions() == (0, 0))
+    until(lambda: served.server.stats.in_flight == 0 and served.server.stats.failed == failed + 1)
+    until(lambda: served.sessions() == (0, 0))
     served.assert_healthy()
 
 
@@ -347,8 +340,8 @@ def test_a_client_killed_mid_stream_frees_both_tiers(served):
     finally:
         process.kill()
         process.wait(10)
-    _until(lambda: served.server.stats.in_flight == 0)
-    _until(lambda: served.sessions() == (0, 0))
+    until(lambda: served.server.stats.in_flight == 0)
+    until(lambda: served.sessions() == (0, 0))
     served.assert_healthy()
 
 

@@ -61,6 +61,7 @@ def test_every_service_listens_on_loopback_by_default(monkeypatch):
     monkeypatch.setattr("specdec.telemetry.tracing.configure_tracing", lambda *args, **kwargs: None)
     assert cli.main(["up", "--trace-file", ""]) == 0
     assert seen[0].server.host == "127.0.0.1" and seen[0].server.port == 50051
+    assert seen[0].server.http_port == 8000  # the HTTP API on the same (loopback) host
 
 
 # --- message size limits ---------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from contextlib import contextmanager
 
 import grpc
@@ -20,11 +19,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from reference import target_only
+from serving_kit import GatedEngine, until
 
 from specdec.cli.app import main
 from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.convert import request_from_proto
-from specdec.coordinator.engine import Delta, EngineConfig, FinishReason, SpeculationStats
+from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.remote import connect_engine
 from specdec.coordinator.server import SERVICE_NAME, GenerationServer, ServerConfig
 from specdec.draft_service.server import DraftServer
@@ -113,14 +113,6 @@ def _request(**fields) -> pb.GenerateRequest:
 
 def _stream_request(request: pb.GenerateRequest) -> pb.GenerateStreamRequest:
     return pb.GenerateStreamRequest.FromString(request.SerializeToString())
-
-
-def until(condition, timeout_s: float = 10.0) -> None:
-    """Wait for what the test cannot be notified of (the server's cleanup after a call), bounded."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 # --- speculation changes nothing a client sees --------------------------------------------------------
@@ -247,22 +239,9 @@ def test_cancelled_stream_frees_both_tiers(stack):
     assert stack.sessions() == (0, 0)
 
 
-class _GatedEngine:
-    """Stands in for the engine: every stream waits for `release` (the server only translates)."""
-
-    def __init__(self):
-        self.release = asyncio.Event()
-        self.entered = 0
-
-    async def stream(self, request):
-        self.entered += 1
-        await self.release.wait()
-        yield Delta([7], "x", FinishReason.LENGTH, 1, SpeculationStats())
-
-
 def test_beyond_max_inflight_is_resource_exhausted():
     loop = LoopThread()
-    engine = _GatedEngine()
+    engine = GatedEngine()
 
     async def start():
         server = GenerationServer(engine, ServerConfig(port=0, max_inflight=2))  # grpc.aio wants the loop it serves on

@@ -5,9 +5,6 @@ deadlines, overload and disconnects get OpenAI's errors and free both tiers' ses
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -19,9 +16,11 @@ from loop_thread import LoopThread
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from serving_kit import GatedEngine, until
 
+from specdec.coordinator import metrics
 from specdec.coordinator.clients import DraftClient
-from specdec.coordinator.engine import Delta, EngineConfig, FinishReason, SpeculationStats
+from specdec.coordinator.engine import Delta, EngineConfig
 from specdec.coordinator.remote import connect_engine
 from specdec.coordinator.server import GenerationServer, ServerConfig
 from specdec.draft_service.server import DraftServer
@@ -104,13 +103,6 @@ def stack(ray_local, tiny_dir):
     s.close()
 
 
-def until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
-
-
 def _grpc(stack, **fields) -> pb.GenerateResponse:
     return stack.stub.Generate(pb.GenerateRequest(**fields), timeout=60)
 
@@ -127,6 +119,8 @@ def test_models_and_health(stack):
 def test_completion_equals_grpc_and_carries_usage_speculation_and_trace(stack):
     expected = _grpc(stack, prompt=PROMPT, max_new_tokens=24)
     stack.spans.clear()
+    finished = metrics.REQUESTS.labels("length", "OK")
+    before = finished._value.get()
     raw = stack.client.completions.with_raw_response.create(
         model=stack.model, prompt=PROMPT, max_tokens=24, temperature=0
     )
@@ -150,6 +144,7 @@ def test_completion_equals_grpc_and_carries_usage_speculation_and_trace(stack):
     assert server[0].attributes["http.response.status_code"] == 200
     rounds = [s for s in stack.spans.get_finished_spans() if s.parent and s.parent.span_id == server[0].context.span_id]
     assert len(rounds) == speculation["rounds"]  # the same round spans as a gRPC call's
+    assert finished._value.get() == before + 1  # the same counters as gRPC's calls
 
 
 def test_streamed_completion_concatenates_to_the_whole_one_and_ends_with_usage(stack):
@@ -168,6 +163,11 @@ def test_streamed_completion_concatenates_to_the_whole_one_and_ends_with_usage(s
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert all(c.usage is None for c in chunks[:-1])
+    body = {"prompt": PROMPT, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", stack.base_url + "/v1/completions", json=body, timeout=30) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(line.startswith("data: {") for line in events[:-1])
 
 
 def test_sampled_completion_with_a_seed_equals_grpc(stack):
@@ -309,36 +309,25 @@ def test_deadline_is_504_and_frees_both_tiers(stack):
 def test_disconnect_mid_stream_cancels_the_generation_and_frees_both_tiers(stack):
     stats = stack.servers["chat"].stats
     failed = stats.failed
-    body = {"prompt": PROMPT, "max_tokens": 230, "temperature": 0, "stream": True}
-    body["speculation"] = {"disabled": True}  # one token a round: many rounds to cut short
-    with httpx.stream("POST", stack.base_url + "/v1/completions", json=body, timeout=30) as response:
-        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
-        lines = response.iter_lines()
-        first = next(line for line in lines if line.startswith("data: "))
-        assert json.loads(first[len("data: ") :])["choices"][0]["finish_reason"] is None
-    # The connection is closed with the generation unfinished.
+    stream = stack.client.completions.create(
+        model=stack.model,
+        prompt=PROMPT,
+        max_tokens=230,
+        temperature=0,
+        stream=True,
+        extra_body={"speculation": {"disabled": True}},  # one token a round: many rounds to cut short
+    )
+    first = next(iter(stream))
+    assert first.choices[0].finish_reason is None
+    stream.close()  # the connection closes with the generation unfinished
     until(lambda: stats.in_flight == 0)
     assert stats.failed == failed + 1  # cancelled, not run to its end
     until(lambda: stack.sessions() == (0, 0))
 
 
-class _GatedEngine:
-    """Stands in for the engine: every stream waits for `release` (the server only translates)."""
-
-    def __init__(self):
-        self.release = asyncio.Event()
-        self.entered = 0
-        self.target = type("Target", (), {"name": "gated", "max_context": 64})()
-
-    async def stream(self, request):
-        self.entered += 1
-        await self.release.wait()
-        yield Delta([7], "x", FinishReason.LENGTH, 1, SpeculationStats())
-
-
 def test_beyond_max_inflight_is_429():
     loop = LoopThread()
-    engine = _GatedEngine()
+    engine = GatedEngine()
 
     async def start():
         server = GenerationServer(engine, ServerConfig(port=0, http_port=0, max_inflight=1))
@@ -406,4 +395,33 @@ def test_target_tier_down_is_503_before_the_first_token_and_an_error_event_after
     finally:
         for server in servers:
             loop.run(server.stop(0))
+        loop.close()
+
+
+def test_connections_send_without_nagle_delay():
+    """A response goes out in two writes (head, body): on a kept-alive connection without
+    TCP_NODELAY the second waits for the client's delayed ACK, 40 ms a request."""
+    import socket
+
+    loop = LoopThread()
+    engine = GatedEngine()
+    engine.release.set()
+
+    async def start():
+        server = GenerationServer(engine, ServerConfig(port=0, http_port=0))
+        await server.start()
+        return server
+
+    server = loop.run(start())
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+            for _ in range(2):  # the same kept-alive connection twice
+                assert client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 200
+            connections = server.http._server.server_state.connections
+            assert connections
+            for connection in connections:
+                sock = connection.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        loop.run(server.stop(0))
         loop.close()

@@ -1,0 +1,32 @@
+"""What tests of the public API servers share: a bounded wait for server-side cleanup, and an
+engine stand-in that holds every request until released."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from specdec.coordinator.engine import Delta, FinishReason, SpeculationStats
+
+
+def until(condition, timeout_s: float = 10.0) -> None:
+    """Wait for what the test cannot be notified of (the server's cleanup after a call), bounded."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+class GatedEngine:
+    """Stands in for the engine: every stream waits for `release`, then gives one token, "x"
+    (the server only translates)."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.entered = 0
+        self.target = type("Target", (), {"name": "gated", "max_context": 64})()
+
+    async def stream(self, request):
+        self.entered += 1
+        await self.release.wait()
+        yield Delta([7], "x", FinishReason.LENGTH, 1, SpeculationStats())
