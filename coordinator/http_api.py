@@ -60,6 +60,7 @@ class HttpApi:
         self.max_context = max_context
         self.serving = True  # False from the start of a stop: /health answers 503
         self.started = int(time.time())
+        self._running: set[asyncio.Task] = set()  # the generations' tasks
         self.app = Starlette(
             routes=[
                 Route("/v1/completions", self.completions, methods=["POST"]),
@@ -106,6 +107,8 @@ class HttpApi:
             propagate.extract(request.headers),
         )
         generation = _Generation(self.calls, path, parsed, span, timeout_s, call_id)
+        self._running.add(generation.task)  # a reference: the run may outlive the response by its cleanup
+        generation.task.add_done_callback(self._running.discard)
         watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, generation))
         try:
             first = await generation.next()
@@ -229,14 +232,18 @@ class _EventStream(Response):
         self.init_headers({**headers, "cache-control": "no-cache"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sent = False
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for event in self.events:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            sent = True
         finally:
             self.watcher.cancel()
-            if not self.generation.task.done():
+            # Sent whole, the generation is ending on its own (the engine ends both tiers'
+            # sessions after its last delta): cancelling it would fail a finished call.
+            if not sent:
                 self.generation.cancel()
                 await self.generation.finished()
 

@@ -148,6 +148,8 @@ def test_completion_equals_grpc_and_carries_usage_speculation_and_trace(stack):
 
 
 def test_streamed_completion_concatenates_to_the_whole_one_and_ends_with_usage(stack):
+    stats = stack.servers["chat"].stats
+    failed, requests = stats.failed, stats.requests
     whole = stack.client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=24, temperature=0)
     chunks = list(
         stack.client.completions.create(
@@ -163,6 +165,9 @@ def test_streamed_completion_concatenates_to_the_whole_one_and_ends_with_usage(s
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert all(c.usage is None for c in chunks[:-1])
+    until(lambda: stats.requests == requests + 2)
+    assert stats.failed == failed  # a stream sent whole is a call that succeeded, its sessions ended
+    until(lambda: stack.sessions() == (0, 0))
     body = {"prompt": PROMPT, "max_tokens": 4, "stream": True}
     with httpx.stream("POST", stack.base_url + "/v1/completions", json=body, timeout=30) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
