@@ -6,6 +6,8 @@ Two parts, each with both APIs on the same engine (the same coordinator process 
              the API itself per request, which a model's time would hide in the noise
   stack      the local stack on the embedded model (n-gram drafts, EOS off so every call makes
              exactly --max-new-tokens tokens): what a client sees in tokens/s
+  capacity   the transport part's engine, unary requests a second with the leanest clients (grpc's
+             C core; a keep-alive socket writing a fixed HTTP request): the server's own time
 Modes: `unary` (Generate / a completions response) and `stream` (GenerateStream / server-sent
 events). The clients run in a process of their own (grpc.aio, and httpx2, the `openai` SDK's
 transport), so their CPU is not the server's; arms alternate in a fresh seeded order each repeat.
@@ -132,6 +134,84 @@ async def _wave(arm, mode, grpc_address, http_url, prompts, max_new_tokens, c):
         return requests, time.perf_counter() - wave_started, tokens
 
 
+def client_capacity(arm: str, grpc_address: str, http_port: int, max_new_tokens: int, c: int, n: int) -> float:
+    """Unary requests a second that the server answers to `c` clients each sending `n` in turn, the
+    clients as lean as each protocol allows: grpc's C core, and for HTTP a keep-alive socket that
+    writes a fixed request and reads Content-Length bytes (a measuring client, not a server)."""
+    return asyncio.run(_capacity(arm, grpc_address, http_port, max_new_tokens, c, n))
+
+
+async def _capacity(arm, grpc_address, http_port, max_new_tokens, c, n) -> float:
+    import grpc
+
+    from specdec.v1 import generation_pb2 as pb
+    from specdec.v1 import generation_pb2_grpc
+
+    if arm == "grpc":
+        async with grpc.aio.insecure_channel(grpc_address) as channel:
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+            request = pb.GenerateRequest(prompt_token_ids=[5, 6, 7, 8], max_new_tokens=max_new_tokens)
+
+            async def client(count: int) -> None:
+                for _ in range(count):
+                    await stub.Generate(request)
+
+            await client(1)
+            started = time.perf_counter()
+            await asyncio.gather(*(client(n) for _ in range(c)))
+            return n * c / (time.perf_counter() - started)
+    body = json.dumps({"prompt": [5, 6, 7, 8], "max_tokens": max_new_tokens, "temperature": 0}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    )
+    request = head.encode() + b"\r\n\r\n" + body
+
+    async def http_client(count: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", http_port)
+        for _ in range(count):
+            writer.write(request)
+            await writer.drain()
+            lines = (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")
+            length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
+            await reader.readexactly(length)
+        writer.close()
+
+    await http_client(1)
+    started = time.perf_counter()
+    await asyncio.gather(*(http_client(n) for _ in range(c)))
+    return n * c / (time.perf_counter() - started)
+
+
+async def capacity(server, args, pool) -> list[dict]:
+    """The server's own cost per unary request, both APIs, with lean clients: requests a second."""
+    loop = asyncio.get_running_loop()
+    order = random.Random(1)
+    rows = []
+    for c in args.concurrency:
+        per_second: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        for _ in range(args.repeats):
+            for arm in order.sample(ARMS, len(ARMS)):
+                per_second[arm].append(
+                    await loop.run_in_executor(
+                        pool,
+                        client_capacity,
+                        arm,
+                        f"127.0.0.1:{server.port}",
+                        server.http_port,
+                        args.max_new_tokens,
+                        c,
+                        args.transport_requests,
+                    )  # fmt: skip
+                )
+        row = {"part": "capacity", "mode": "unary", "concurrency": c}
+        for arm in ARMS:
+            row[f"{arm}_requests_per_s"] = statistics.median(per_second[arm])
+        row["http_extra_ms"] = 1000 * (1 / row["http_requests_per_s"] - 1 / row["grpc_requests_per_s"])
+        rows.append(row)
+        print(_line(row), file=sys.stderr, flush=True)
+    return rows
+
+
 # --- the server process --------------------------------------------------------------------------------
 
 
@@ -167,6 +247,12 @@ async def measure(server, prompts: list, max_new_tokens: int, args, part: str, p
 
 
 def _line(row: dict) -> str:
+    if row["part"] == "capacity":
+        return (
+            f"capacity  unary  c={row['concurrency']:<3} requests/s grpc {row['grpc_requests_per_s']:8.1f} "
+            f"http {row['http_requests_per_s']:8.1f}: the server's time per request HTTP - gRPC "
+            f"{row['http_extra_ms']:+.3f} ms"
+        )
     return (
         f"{row['part']:<9} {row['mode']:<6} c={row['concurrency']:<3} latency ms grpc {row['grpc_latency_ms']:8.2f} "
         f"http {row['http_latency_ms']:8.2f} | outside the engine ms grpc {row['grpc_outside_engine_ms']:6.2f} "
@@ -187,6 +273,7 @@ async def run(args: argparse.Namespace) -> dict:
         try:
             echo_prompts = [[5, 6, 7, 8]] * args.transport_requests
             rows += await measure(server, echo_prompts, args.max_new_tokens, args, "transport", pool)
+            rows += await capacity(server, args, pool)
         finally:
             await server.stop(0)
         if not args.skip_stack:

@@ -17,7 +17,6 @@ start of a stop; reflection lists GenerationService and Health.
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
 
 import grpc
@@ -38,7 +37,6 @@ from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
-log = logging.getLogger(__name__)
 
 # A prompt as long as any model's context is well under 1 MiB of text; grpc's own default (4 MiB
 # in, unbounded out) would let a response grow without limit.
