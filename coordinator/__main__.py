@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdec.coordinator.engine import EngineConfig
-from specdec.coordinator.flags import add_engine_flags, add_http_flags, engine_config, server_config
+from specdec.coordinator.flags import HTTP_PORT, add_engine_flags, add_http_flags, engine_config, server_config
 from specdec.coordinator.server import ServerConfig
 from specdec.core import flag_types
 
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
 METRICS_PORT = 9464
-HTTP_PORT = 8000
 
 
 @dataclass(frozen=True)

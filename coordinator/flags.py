@@ -19,6 +19,7 @@ from specdec.core import flag_types
 # flag(name, default, type, help, metavar=None): adds --name to a parser.
 AddFlag = Callable[..., None]
 ON_OFF = "{on,off}"
+HTTP_PORT = 8000  # the OpenAI-compatible API's, as vLLM's
 
 
 def add_engine_flags(flag: AddFlag) -> None:

@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from specdec.coordinator import metrics
 from specdec.coordinator import openai_protocol as oai
-from specdec.coordinator.calls import Call, CallFailed, Calls, CallSpan
+from specdec.coordinator.calls import CallFailed, Calls, CallSpan
 from specdec.coordinator.engine import Delta
 from specdec.core.errors import InvalidArgument
 
@@ -163,11 +163,12 @@ class _Generation:
     def cancel(self) -> None:
         self.task.cancel()
 
-    async def finished(self) -> Call | None:
+    async def finished(self) -> None:
+        """Wait for the run to end, however it ends."""
         try:
-            return await asyncio.shield(self.task)
+            await asyncio.shield(self.task)
         except (asyncio.CancelledError, CallFailed):
-            return None
+            pass
 
 
 async def _whole(

@@ -104,8 +104,7 @@ def parse(kind: str, body: Any, served_model: str) -> HttpRequest:
         if unknown:
             raise InvalidArgument(f"stream_options.{min(unknown)}", "is not a stream option this server knows")
         include_usage = _typed(options, "include_usage", bool, False, prefix="stream_options.")
-    params = {"sampling.temperature": "temperature", "sampling.top_p": "top_p", "sampling.top_k": "top_k"}
-    params["sampling.seed"] = "seed"
+    params = {f"sampling.{name}": name for name in ("temperature", "top_p", "top_k", "seed")}
     generation = GenerationRequest(
         sampling=SamplingParams(
             temperature=_number(body, "temperature", 1.0),
@@ -253,18 +252,22 @@ class Reply:
         else:
             choice = {"index": 0, "text": text}
         choice.update({"logprobs": None, "finish_reason": finish})
-        out = {"id": self.id, "object": f"{self.kind}.chunk" if self.kind == CHAT else self.kind}
-        out.update({"created": self.created, "model": self.model, "choices": [choice]})
+        out = self._chunk_head([choice])
         if finish is not None:
             out["speculation"] = speculation(delta)
         return out
 
     def usage_chunk(self, delta: Delta, completion_tokens: int) -> dict:
         """stream_options.include_usage: the last chunk, no choices, the request's usage."""
-        out = {"id": self.id, "object": f"{self.kind}.chunk" if self.kind == CHAT else self.kind}
-        out.update({"created": self.created, "model": self.model, "choices": []})
+        out = self._chunk_head([])
         out["usage"] = usage(delta.prompt_tokens, completion_tokens)
         return out
+
+    def _chunk_head(self, choices: list) -> dict:
+        # A chat stream's chunks are `chat.completion.chunk`; a completions stream's, like its
+        # whole response, `text_completion`.
+        kind = f"{CHAT}.chunk" if self.kind == CHAT else self.kind
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
 
     def whole(self, final: Delta) -> dict:
         """The non-streamed response: `final` holds the whole output (as `engine.generate` gives)."""

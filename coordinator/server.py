@@ -108,11 +108,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
             lambda code: {"rpc.grpc.status_code": code.value[0]},
         )
         try:
-            call = await self.calls.run(request_from_proto(request), method, span, context.time_remaining(), on_delta)
+            await self.calls.run(request_from_proto(request), method, span, context.time_remaining(), on_delta)
         except CallFailed as e:
             await context.abort(e.code, e.message)
-        if call.code is grpc.StatusCode.CANCELLED:
-            return  # the client cancelled or left while we wrote; grpc cancels this task next
 
 
 def _delta_to_proto(delta: Delta, trace_id: str, completion_tokens: int) -> pb.GenerateStreamResponse:

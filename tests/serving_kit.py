@@ -1,12 +1,16 @@
-"""What tests of the public API servers share: a bounded wait for server-side cleanup, and an
-engine stand-in that holds every request until released."""
+"""What tests of the public API servers share: a bounded wait for server-side cleanup, an
+engine stand-in that holds every request until released, and a server around a stand-in."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import contextmanager
+
+from loop_thread import LoopThread
 
 from specdec.coordinator.engine import Delta, FinishReason, SpeculationStats
+from specdec.coordinator.server import GenerationServer, ServerConfig
 
 
 def until(condition, timeout_s: float = 10.0) -> None:
@@ -30,3 +34,24 @@ class GatedEngine:
         self.entered += 1
         await self.release.wait()
         yield Delta([7], "x", FinishReason.LENGTH, 1, SpeculationStats())
+
+
+@contextmanager
+def serving(engine, **config):
+    """`engine` behind a `GenerationServer` on free loopback ports (`config`: more ServerConfig
+    fields), in a loop thread of its own: yields (loop, server); both stop on exit."""
+    loop = LoopThread()
+
+    async def start() -> GenerationServer:  # grpc.aio wants the loop it serves on
+        server = GenerationServer(engine, ServerConfig(port=0, **config))
+        await server.start()
+        return server
+
+    try:
+        server = loop.run(start())
+        try:
+            yield loop, server
+        finally:
+            loop.run(server.stop(0))
+    finally:
+        loop.close()

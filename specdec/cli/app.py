@@ -75,7 +75,7 @@ def _generate_parser(sub) -> None:
 
 
 def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
-    from specdec.coordinator.flags import add_engine_flags, add_http_flags, plain_flag
+    from specdec.coordinator.flags import HTTP_PORT, add_engine_flags, add_http_flags, plain_flag
 
     _add_model_flags(p)
     p.add_argument("--target-replicas", type=int, default=1, help="target actors on the local Ray (default 1)")
@@ -101,7 +101,7 @@ def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
         "(default ~/.cache/specdec/traces.jsonl; '' for none)",
     )
     add_engine_flags(plain_flag(p))
-    add_http_flags(plain_flag(p), 8000 if port else 0)
+    add_http_flags(plain_flag(p), HTTP_PORT if port else 0)  # demo (port 0) serves no HTTP
 
 
 def _request_proto(args):

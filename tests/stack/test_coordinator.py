@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from reference import target_only
-from serving_kit import GatedEngine, until
+from serving_kit import GatedEngine, serving, until
 
 from specdec.cli.app import main
 from specdec.coordinator.clients import DraftClient
@@ -240,16 +240,9 @@ def test_cancelled_stream_frees_both_tiers(stack):
 
 
 def test_beyond_max_inflight_is_resource_exhausted():
-    loop = LoopThread()
     engine = GatedEngine()
-
-    async def start():
-        server = GenerationServer(engine, ServerConfig(port=0, max_inflight=2))  # grpc.aio wants the loop it serves on
-        return server, await server.start()
-
-    server, port = loop.run(start())
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with serving(engine, max_inflight=2) as (loop, server):
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = generation_pb2_grpc.GenerationServiceStub(channel)
             first, second = (stub.Generate.future(_request(), timeout=30) for _ in range(2))
             until(lambda: engine.entered == 2)
@@ -259,9 +252,6 @@ def test_beyond_max_inflight_is_resource_exhausted():
             loop.loop.call_soon_threadsafe(engine.release.set)
             assert first.result().token_ids == [7] and second.result().text == "x"
             assert stub.Generate(_request(), timeout=30).token_ids == [7]  # room again
-    finally:
-        loop.run(server.stop(0))
-        loop.close()
 
 
 # --- health, reflection, the CLI ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from loop_thread import LoopThread
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from serving_kit import GatedEngine, until
+from serving_kit import GatedEngine, serving, until
 
 from specdec.coordinator import metrics
 from specdec.coordinator.clients import DraftClient
@@ -331,16 +331,8 @@ def test_disconnect_mid_stream_cancels_the_generation_and_frees_both_tiers(stack
 
 
 def test_beyond_max_inflight_is_429():
-    loop = LoopThread()
     engine = GatedEngine()
-
-    async def start():
-        server = GenerationServer(engine, ServerConfig(port=0, http_port=0, max_inflight=1))
-        await server.start()
-        return server
-
-    server = loop.run(start())
-    try:
+    with serving(engine, http_port=0, max_inflight=1) as (loop, server):
         with (
             openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key="-", max_retries=0) as client,
             ThreadPoolExecutor(1) as pool,
@@ -358,9 +350,6 @@ def test_beyond_max_inflight_is_429():
             loop.loop.call_soon_threadsafe(engine.release.set)
             assert first.result(timeout=30) == ["x"]
             assert client.completions.create(model="gated", prompt="a", max_tokens=1).choices[0].text == "x"
-    finally:
-        loop.run(server.stop(0))
-        loop.close()
 
 
 class _FailingEngine:
@@ -379,16 +368,8 @@ class _FailingEngine:
 
 
 def test_target_tier_down_is_503_before_the_first_token_and_an_error_event_after():
-    loop = LoopThread()
-
-    async def start(rounds):
-        server = GenerationServer(_FailingEngine(rounds), ServerConfig(port=0, http_port=0))
-        await server.start()
-        return server
-
-    servers = [loop.run(start(rounds)) for rounds in (0, 2)]
-    try:
-        before, after = (f"http://127.0.0.1:{s.http_port}" for s in servers)
+    with serving(_FailingEngine(0), http_port=0) as (_, down), serving(_FailingEngine(2), http_port=0) as (_, failing):
+        before, after = (f"http://127.0.0.1:{s.http_port}" for s in (down, failing))
         response = httpx.post(before + "/v1/completions", json={"prompt": "a", "stream": True}, timeout=30)
         assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable_error"
         with openai.OpenAI(base_url=after + "/v1", api_key="-", max_retries=0) as client:
@@ -397,10 +378,6 @@ def test_target_tier_down_is_503_before_the_first_token_and_an_error_event_after
                 for chunk in client.completions.create(model="failing", prompt="a", stream=True):
                     texts.append(chunk.choices[0].text)
             assert texts == ["x", "x"] and "target tier" in info.value.message
-    finally:
-        for server in servers:
-            loop.run(server.stop(0))
-        loop.close()
 
 
 def test_connections_send_without_nagle_delay():
@@ -408,17 +385,9 @@ def test_connections_send_without_nagle_delay():
     TCP_NODELAY the second waits for the client's delayed ACK, 40 ms a request."""
     import socket
 
-    loop = LoopThread()
     engine = GatedEngine()
     engine.release.set()
-
-    async def start():
-        server = GenerationServer(engine, ServerConfig(port=0, http_port=0))
-        await server.start()
-        return server
-
-    server = loop.run(start())
-    try:
+    with serving(engine, http_port=0) as (_, server):
         with httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}") as client:
             for _ in range(2):  # the same kept-alive connection twice
                 assert client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 200
@@ -427,6 +396,3 @@ def test_connections_send_without_nagle_delay():
             for connection in connections:
                 sock = connection.transport.get_extra_info("socket")
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-    finally:
-        loop.run(server.stop(0))
-        loop.close()
