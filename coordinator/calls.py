@@ -25,7 +25,7 @@ from opentelemetry import trace
 from specdec.coordinator import metrics
 from specdec.coordinator.engine import Delta, GenerationRequest, SpeculationStats, SpeculativeEngine
 from specdec.core.errors import InvalidArgument
-from specdec.target_service.pool import TargetUnavailable
+from specdec.target_service.pool import TargetOverloaded, TargetUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +198,9 @@ class Calls:
                     raise CallFailed(call.code, "the deadline passed during generation") from e
                 except TargetUnavailable as e:
                     call.code = grpc.StatusCode.UNAVAILABLE
+                    raise CallFailed(call.code, f"target tier: {e}") from e
+                except TargetOverloaded as e:
+                    call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
                     raise CallFailed(call.code, f"target tier: {e}") from e
                 except asyncio.CancelledError:
                     call.code = grpc.StatusCode.CANCELLED

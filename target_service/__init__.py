@@ -10,6 +10,7 @@ _EXPORTS = {
     "TargetPool": "pool",
     "PoolConfig": "pool",
     "TargetUnavailable": "pool",
+    "TargetOverloaded": "pool",
     "launch": "pool",
 }
 __all__ = sorted(_EXPORTS)

@@ -33,6 +33,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=defaults.max_batch)
     p.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
     p.add_argument("--max-cached-tokens", type=int, default=defaults.max_cached_tokens)
+    p.add_argument(
+        "--max-queue", type=int, default=defaults.max_queue, help="rounds an actor queues; more are placed elsewhere"
+    )
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=flag_types.byte_size,
+        default=None,
+        help="each actor's KV block pool, e.g. 4GiB (default: 90%% of free GPU memory, a quarter of free RAM)",
+    )
+    p.add_argument(
+        "--max-pass-tokens",
+        type=int,
+        default=defaults.max_pass_tokens,
+        help="new tokens one forward pass takes; longer prefills go in chunks",
+    )
     p.add_argument("--session-ttl", type=float, default=defaults.session_ttl_s, help="seconds an idle session is kept")
     p.add_argument(
         "--metrics-host",
@@ -64,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    for name in ("replicas", "max_batch", "max_sessions", "max_cached_tokens"):
+    for name in ("replicas", "max_batch", "max_sessions", "max_cached_tokens", "max_queue", "max_pass_tokens"):
         if getattr(args, name) < 1:
             print(f"specdec target: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
@@ -75,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         max_batch=args.max_batch,
         max_sessions=args.max_sessions,
         max_cached_tokens=args.max_cached_tokens,
+        max_queue=args.max_queue,
+        kv_cache_bytes=args.kv_cache_bytes,
+        max_pass_tokens=args.max_pass_tokens,
         session_ttl_s=args.session_ttl,
         half_precision=not args.full_precision,
         metrics_host=args.metrics_host,

@@ -1,9 +1,13 @@
 """The Ray actor around the verifier: continuous batching of queued verify calls.
 
 Ray delivers concurrent `verify` calls to this async actor; each waits on a future while one
-worker task drains whatever is queued whenever the model is free and verifies it in a single
-forward pass (in a thread, so the event loop keeps accepting calls meanwhile). A restarted actor
-has lost its caches: every session then answers `miss` once and is re-prefilled by the pool.
+worker task runs the engine whenever the model is free: one pass (`TargetVerifier.step`, in a
+thread, so the event loop keeps accepting calls meanwhile) over the oldest `max_batch` queued
+rounds; a round the pass did not finish (a prefill chunk went in, or its blocks were short) goes
+back to the head of the queue. The queue is bounded: beyond `max_queue` a round is answered
+`overloaded` at once and the pool places the session on another actor. A round that is bad in
+itself fails alone. A restarted actor has lost its caches: every session then answers `miss`
+once and is re-prefilled by the pool.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 import torch
@@ -23,7 +27,13 @@ from specdec.core.session_store import SessionStore
 from specdec.drafts.loading import load_model
 from specdec.target_service import metrics
 from specdec.target_service.protocol import VerifyReply, VerifyRequest
-from specdec.target_service.verifier import TargetVerifier, VerifyItem, cached_tokens
+from specdec.target_service.verifier import (
+    DEFAULT_PASS_TOKENS,
+    ItemRejected,
+    TargetVerifier,
+    VerifyItem,
+    cached_tokens,
+)
 from specdec.telemetry.metrics import MetricsServer
 from specdec.telemetry.tracing import configure_tracing
 
@@ -32,6 +42,9 @@ from specdec.telemetry.tracing import configure_tracing
 class ActorConfig:
     target_model: str | None = None  # load_model spec; None = the embedded default
     max_batch: int = 32  # rounds verified in one forward pass at most
+    max_queue: int = 256  # rounds waiting beyond this are answered `overloaded`
+    kv_cache_bytes: int | None = None  # the KV pool; None: 90% of free GPU memory, a quarter of free RAM
+    max_pass_tokens: int = DEFAULT_PASS_TOKENS  # new tokens per forward pass (longer prefills go in chunks)
     max_sessions: int = 256  # cached sessions per actor (LRU beyond)
     max_cached_tokens: int = 262_144  # summed cached positions per actor (LRU beyond)
     session_ttl_s: float = 600.0  # idle sessions expire (a coordinator that died never ends them)
@@ -56,19 +69,23 @@ class TargetActor:
         dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
         self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
         store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=cached_tokens)
-        self.verifier = TargetVerifier(self.loaded, store)
-        self._queue: list[tuple[VerifyRequest, asyncio.Future]] = []
+        self.verifier = TargetVerifier(self.loaded, store, config.kv_cache_bytes, config.max_pass_tokens)
+        self._queue: list[_Round] = []
+        self._running = 0  # rounds in the pass now running
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self.batch_sizes: list[int] = []  # forward passes so far, by batch size (for tests and bench)
         # High-water marks, taken after every batch and every queued call (the reliability tests
         # check them against the bounds).
-        self.peaks = {"sessions": 0, "cached_tokens": 0, "queued": 0}
+        self.peaks = {"sessions": 0, "cached_tokens": 0, "queued": 0, "kv_blocks": 0}
         self.started_at = time.time()
         # Read when scraped: an actor whose coordinator died gets no more calls, and a scrape
         # then expires the sessions by TTL and shows them gone.
         metrics.SESSIONS.set_function(lambda: len(self.verifier.sessions))
         metrics.CACHE_TOKENS.set_function(lambda: self.verifier.sessions.total_tokens)
+        metrics.KV_BLOCKS_USED.set_function(lambda: self.verifier.pool.used_blocks)
+        metrics.KV_BLOCKS_TOTAL.set(self.verifier.pool.num_blocks)
+        self._preempted = 0
         # The first free port from metrics_port on: actors sharing a node count up from it.
         self.metrics = MetricsServer(config.metrics_host, config.metrics_port, search=64)
 
@@ -81,8 +98,9 @@ class TargetActor:
             "eos_token_ids": sorted(self.loaded.eos_token_ids),
             "sessions": len(self.verifier.sessions),
             "cached_tokens": self.verifier.sessions.total_tokens,
-            "queued": len(self._queue),
             "peaks": dict(self.peaks),
+            "kv_block_size": self.verifier.pool.block_size,
+            **self.load(),
             "max_sessions": self.config.max_sessions,
             "max_cached_tokens": self.config.max_cached_tokens,
             "pid": os.getpid(),
@@ -91,12 +109,26 @@ class TargetActor:
             "metrics_address": self.metrics.address,
         }
 
+    def load(self) -> dict:
+        """What the pool places sessions by: the same numbers for every coordinator."""
+        return {
+            "queued": len(self._queue),
+            "running": self._running,
+            "sessions": len(self.verifier.sessions),
+            "kv_blocks_used": self.verifier.pool.used_blocks,
+            "kv_blocks_total": self.verifier.pool.num_blocks,
+            "preempted": self.verifier.sessions.evicted.pressure,
+        }
+
     async def verify(self, request: VerifyRequest) -> VerifyReply:
         if self._worker is None:  # the actor's event loop exists only once a call runs
             self._wakeup = asyncio.Event()
             self._worker = asyncio.get_running_loop().create_task(self._drain())
+        if len(self._queue) >= self.config.max_queue:
+            metrics.OVERLOADED.inc()
+            return VerifyReply(None, overloaded=True)
         future = asyncio.get_running_loop().create_future()
-        self._queue.append((request, future))
+        self._queue.append(_Round(request, future))
         self.peaks["queued"] = max(self.peaks["queued"], len(self._queue))
         metrics.QUEUE_DEPTH.set(len(self._queue))
         self._wakeup.set()
@@ -110,6 +142,7 @@ class TargetActor:
         metrics.QUEUE_DEPTH.set(len(self._queue))
         self.peaks["sessions"] = max(self.peaks["sessions"], len(self.verifier.sessions))
         self.peaks["cached_tokens"] = max(self.peaks["cached_tokens"], self.verifier.sessions.total_tokens)
+        self.peaks["kv_blocks"] = max(self.peaks["kv_blocks"], self.verifier.pool.used_blocks)
 
     def finished_spans(self) -> list[dict]:
         """Spans this actor recorded, when configured with trace_in_memory."""
@@ -131,66 +164,78 @@ class TargetActor:
             while self._queue:
                 batch, self._queue = self._queue[: self.config.max_batch], self._queue[self.config.max_batch :]
                 metrics.QUEUE_DEPTH.set(len(self._queue))
+                self._running = len(batch)
                 try:
-                    replies = await asyncio.to_thread(self._verify_batch, [request for request, _ in batch])
-                except Exception as error:  # one bad batch must not kill the worker
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(error)
-                    continue
+                    await asyncio.to_thread(self._step, batch)
+                except Exception as error:  # a failed pass fails its rounds, never the worker
+                    for round_ in batch:
+                        round_.fail(error)
+                self._running = 0
                 self._gauges()
-                for (_, future), reply in zip(batch, replies):
-                    if not future.done():
-                        future.set_result(reply)
+                # Rounds the pass did not finish keep their place at the head of the queue.
+                self._queue = [round_ for round_ in batch if not round_.settled] + self._queue
 
-    def _verify_batch(self, requests: list[VerifyRequest]) -> list[VerifyReply]:
-        replies: list[VerifyReply | None] = [None] * len(requests)
-        items, where = [], []
-        for i, request in enumerate(requests):
-            context = self._context(request)
-            if context is None:
-                metrics.VERIFY_MISSES.inc()
-                replies[i] = VerifyReply(None, miss=True)
+    def _step(self, batch: list[_Round]) -> None:
+        """One engine pass over `batch` (in the worker thread); settles the rounds it finishes."""
+        live = []
+        for round_ in batch:
+            if round_.item is None and not self._admit(round_):
                 continue
-            if len(context) + len(request.draft_ids) > self.loaded.max_context:
-                # The engine never asks this; a caller that does gets a clear error, not a wrong answer.
-                replies[i] = VerifyReply(
+            live.append(round_)
+        if not live:
+            return
+        started = time.perf_counter()
+        results = self.verifier.step([round_.item for round_ in live])
+        metrics.FORWARD_LATENCY.observe(time.perf_counter() - started)
+        self.batch_sizes.append(len(live))
+        metrics.VERIFY_BATCH_SIZE.observe(len(live))
+        preempted = self.verifier.sessions.evicted.pressure
+        metrics.KV_PREEMPTIONS.inc(preempted - self._preempted)
+        self._preempted = preempted
+        for round_, result in zip(live, results):
+            if result is None:
+                continue  # needs another pass
+            if isinstance(result, ItemRejected):
+                round_.settle(VerifyReply(None, error=str(result)), error=result)
+            elif isinstance(result, Exception):
+                round_.fail(result)
+            else:
+                metrics.VERIFY_ROUNDS.inc()
+                round_.span.set_attributes(
+                    {
+                        "specdec.batch_size": len(live),
+                        "specdec.k": len(round_.item.proposal.token_ids),
+                        "specdec.num_accepted": result.num_accepted,
+                        "specdec.context_tokens": len(round_.item.tokens),
+                    }
+                )
+                round_.settle(VerifyReply(result, held=len(round_.item.tokens) + result.num_accepted))
+
+    def _admit(self, round_: _Round) -> bool:
+        """Resolve a round's context when it first reaches the engine; False when it is settled
+        already (a miss, or a request beyond the model's context)."""
+        request = round_.request
+        context = self._context(request)
+        if context is None:
+            metrics.VERIFY_MISSES.inc()
+            round_.settle(VerifyReply(None, miss=True))
+            return False
+        if len(context) + len(request.draft_ids) > self.loaded.max_context:
+            # The engine never asks this; a caller that does gets a clear error, not a wrong answer.
+            round_.settle(
+                VerifyReply(
                     None,
                     error=f"{len(context)} tokens plus {len(request.draft_ids)} drafts exceed "
                     f"the model's context of {self.loaded.max_context}",
                 )
-                continue
-            items.append(VerifyItem(request.session_id, context, _proposal(request), request.sampling))
-            where.append(i)
-        self.batch_sizes.append(len(items))
+            )
+            return False
+        round_.item = VerifyItem(request.session_id, context, _proposal(request), request.sampling)
         # One span per round, in the trace of the request it belongs to, though the rounds of
         # many requests share the forward pass.
         tracer = trace.get_tracer("specdec.target")
-        spans = [tracer.start_span("specdec.verify", context=extract(requests[i].trace_carrier)) for i in where]
-        started = time.perf_counter()
-        try:
-            results = self.verifier.verify_batch(items) if items else []
-        except Exception as error:
-            for span in spans:
-                span.record_exception(error)
-                span.end()
-            raise
-        if items:
-            metrics.FORWARD_LATENCY.observe(time.perf_counter() - started)
-            metrics.VERIFY_BATCH_SIZE.observe(len(items))
-            metrics.VERIFY_ROUNDS.inc(len(items))
-        for i, item, result, span in zip(where, items, results, spans):
-            span.set_attributes(
-                {
-                    "specdec.batch_size": len(items),
-                    "specdec.k": len(item.proposal.token_ids),
-                    "specdec.num_accepted": result.num_accepted,
-                    "specdec.context_tokens": len(item.tokens),
-                }
-            )
-            span.end()
-            replies[i] = VerifyReply(result, held=len(item.tokens) + result.num_accepted)
-        return replies
+        round_.span = tracer.start_span("specdec.verify", context=extract(request.trace_carrier))
+        return True
 
     def _context(self, request: VerifyRequest) -> list[int] | None:
         """The full committed sequence, or None when this actor lacks the prefix it should hold."""
@@ -202,6 +247,43 @@ class TargetActor:
         if len(held) < request.committed_len:
             return None
         return held[: request.committed_len] + list(request.new_tokens)
+
+
+@dataclass
+class _Round:
+    """A queued verify call, and what the engine made of it so far."""
+
+    request: VerifyRequest
+    future: asyncio.Future
+    item: VerifyItem | None = None  # its context, resolved when it first reached the engine
+    span: trace.Span | None = None
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    settled: bool = False  # set at once in the worker thread; the future follows on the loop
+
+    def settle(self, reply: VerifyReply, error: Exception | None = None) -> None:
+        self.settled = True
+        if self.span is not None:
+            if error is not None:
+                self.span.record_exception(error)
+            self.span.end()
+        self.loop.call_soon_threadsafe(_set, self.future, reply, None)
+
+    def fail(self, error: Exception) -> None:
+        self.settled = True
+        if self.span is not None:
+            self.span.record_exception(error)
+            self.span.end()
+            self.span = None
+        self.loop.call_soon_threadsafe(_set, self.future, None, error)
+
+
+def _set(future: asyncio.Future, reply: VerifyReply | None, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(reply)
 
 
 def _proposal(request: VerifyRequest) -> DraftProposal:

@@ -22,3 +22,10 @@ SESSIONS = Gauge("specdec:target_sessions", "Sessions whose KV cache the actor h
 CACHE_TOKENS = Gauge(
     "specdec:target_cache_tokens", "Cached token positions over all sessions (the bound is max_cached_tokens)"
 )
+KV_BLOCKS_USED = Gauge("specdec:target_kv_blocks_used", "KV pool blocks holding some session's positions")
+KV_BLOCKS_TOTAL = Gauge("specdec:target_kv_blocks_total", "KV pool blocks (from --kv-cache-bytes)")
+KV_PREEMPTIONS = Counter(
+    "specdec:target_kv_preemptions",
+    "Sessions dropped to free KV blocks for a pass (their next round is a miss the pool resends)",
+)
+OVERLOADED = Counter("specdec:target_overloaded", "Rounds refused because the queue was full (placed elsewhere)")

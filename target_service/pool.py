@@ -1,17 +1,24 @@
 """The pool the coordinator calls: the Verifier interface over named Ray target actors.
 
 Sessions stick to one actor while they live (its KV cache is there); a new session goes to the
-actor with the fewest live sessions of this pool. When an actor dies or restarts, its sessions
-get `miss` (or a Ray actor error), and the pool resends the full context from the coordinator's
-token list — to the restarted actor, or to another one if it stays down — so output never
-changes. Actors are found by name (`<prefix>-<i>` in a namespace), so any coordinator can attach
-to a running pool and a resize is picked up on the next refresh.
+least loaded actor as the actors themselves report it (queued and running rounds, KV blocks in
+use: `TargetActor.load`, polled every `load_poll_s`), so every coordinator sees the same view,
+plus the sessions this pool placed since the last poll. When an actor dies or restarts, its
+sessions get `miss` (or a Ray actor error), and the pool resends the full context from the
+coordinator's token list — to the restarted actor, or to another one if it stays down — so
+output never changes. A round that waits longer than `verify_timeout_s` (a stalled actor) moves
+its session to another actor at once; an actor whose queue is full answers `overloaded` and the
+session is placed on another one, and with every actor full the call fails with
+`TargetOverloaded` (RESOURCE_EXHAUSTED at the API). Actors are found by name (`<prefix>-<i>` in
+a namespace), so any coordinator can attach to a running pool and a resize is picked up on the
+next refresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import time
 from collections.abc import Sequence
@@ -35,6 +42,10 @@ class TargetUnavailable(RuntimeError):
     """No actor could verify the round within the retry budget."""
 
 
+class TargetOverloaded(RuntimeError):
+    """Every actor's queue is full: the caller should back off (RESOURCE_EXHAUSTED)."""
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     prefix: str = PREFIX  # actors are named <prefix>-0 .. <prefix>-(n-1)
@@ -43,6 +54,8 @@ class PoolConfig:
     backoff_s: float = 0.25  # wait between tries while an actor restarts
     moves_after: int = 4  # consecutive failures on one actor before its sessions move
     refresh_s: float = 10.0  # how often to look for added or removed actors
+    verify_timeout_s: float = 60.0  # a round unanswered this long moves its session to another actor
+    load_poll_s: float = 1.0  # how often to read the actors' own load for placing new sessions
 
 
 @dataclass
@@ -62,6 +75,10 @@ class TargetPool:
         # session there: end_session waits for it, or the session would outlive the request.
         self._abandoned: dict[str, ray.ObjectRef] = {}
         self._refreshed = 0.0
+        self._load: dict[str, float] = {}  # actor -> load as it last reported it
+        self._placed_since_poll: dict[str, int] = {}
+        self._polled = 0.0
+        self._poll: asyncio.Task | None = None
         self.refresh()
         if not self.actors:
             raise TargetUnavailable(f"no target actors named {config.prefix}-N in namespace {config.namespace}")
@@ -82,6 +99,8 @@ class TargetPool:
         tokens = list(tokens)
         carrier: dict[str, str] = {}
         inject(carrier)  # the round's span continues inside the actor
+        self._poll_load()
+        full: set[str] = set()  # actors that answered `overloaded` to this round
         for _ in range(self.config.attempts):
             placement = self._placement(session_id)
             request = VerifyRequest(
@@ -95,16 +114,27 @@ class TargetPool:
             )
             ref = self.actors[placement.actor].verify.remote(request)
             try:
-                reply = await ref
+                reply = await asyncio.wait_for(asyncio.shield(_future(ref)), self.config.verify_timeout_s)
             except asyncio.CancelledError:
                 self._abandoned[session_id] = ref
                 raise
+            except TimeoutError:
+                ray.cancel(ref)
+                self._move(session_id, placement.actor)
+                continue
             except _ACTOR_ERRORS:
                 self._failed(session_id, placement)
                 await asyncio.sleep(self.config.backoff_s)
                 continue
             if reply.error:
                 raise ValueError(reply.error)
+            if reply.overloaded:
+                full.add(placement.actor)
+                if full >= set(self.actors):
+                    self.sessions.pop(session_id, None)
+                    raise TargetOverloaded(f"all {len(self.actors)} target actors have full queues")
+                self._move(session_id, placement.actor, avoid=full)
+                continue
             if reply.miss:
                 placement.held = 0
                 self.resends += 1
@@ -132,19 +162,61 @@ class TargetPool:
             placement = self.sessions[session_id] = _Placement(self._least_loaded())
         return placement
 
-    def _least_loaded(self, avoid: str | None = None) -> str:
-        load = {name: 0 for name in self.actors if name != avoid} or {name: 0 for name in self.actors}
-        for placement in self.sessions.values():
-            if placement.actor in load:
-                load[placement.actor] += 1
-        return min(load, key=lambda name: (load[name], name))
+    def _least_loaded(self, avoid: set[str] = frozenset()) -> str:
+        """The actor with the least reported load plus what this pool placed since the report;
+        ties broken at random, so coordinators starting together do not all pick actor 0."""
+        names = [name for name in self.actors if name not in avoid] or list(self.actors)
+
+        def load(name: str) -> float:
+            return self._load.get(name, 0.0) + self._placed_since_poll.get(name, 0)
+
+        least = min(load(name) for name in names)
+        chosen = random.choice([name for name in names if load(name) == least])
+        self._placed_since_poll[chosen] = self._placed_since_poll.get(chosen, 0) + 1
+        return chosen
+
+    def _move(self, session_id: str, actor: str, avoid: set[str] = frozenset()) -> None:
+        """Place the session on another actor now (it resends its context there)."""
+        self.resends += 1
+        self.sessions[session_id] = _Placement(self._least_loaded(avoid={actor, *avoid}))
+
+    def _poll_load(self) -> None:
+        """Start reading the actors' load when the last reading is older than load_poll_s."""
+        if self._poll is None and time.monotonic() - self._polled > self.config.load_poll_s:
+            self._poll = asyncio.get_running_loop().create_task(self._read_load())
+
+    async def _read_load(self) -> None:
+        try:
+            names = list(self.actors)
+            loads = await asyncio.wait_for(
+                asyncio.gather(*(self.actors[n].load.remote() for n in names), return_exceptions=True),
+                self.config.verify_timeout_s,
+            )
+            self._load = {name: _load_score(load) for name, load in zip(names, loads) if isinstance(load, dict)}
+            self._placed_since_poll = {}
+        except TimeoutError:
+            pass
+        finally:
+            self._polled = time.monotonic()
+            self._poll = None
 
     def _failed(self, session_id: str, placement: _Placement) -> None:
         placement.held = 0  # whatever comes back up has lost the cache
         placement.failures += 1
         self.resends += 1
         if placement.failures >= self.config.moves_after and len(self.actors) > 1:
-            self.sessions[session_id] = _Placement(self._least_loaded(avoid=placement.actor))
+            self.sessions[session_id] = _Placement(self._least_loaded(avoid={placement.actor}))
+
+
+def _load_score(load: dict) -> float:
+    """One number per actor: sessions held, rounds waiting, plus the share of KV blocks in use
+    (so an actor whose pool is filling loses ties, and then more)."""
+    blocks = load["kv_blocks_used"] / max(1, load["kv_blocks_total"])
+    return load["sessions"] + load["queued"] + 8 * blocks
+
+
+async def _future(ref: ray.ObjectRef):
+    return await ref
 
 
 def actor_names(prefix: str, namespace: str) -> list[str]:

@@ -33,3 +33,4 @@ class VerifyReply:
     miss: bool = False  # the actor lacks the session or its committed prefix: resend everything
     held: int = 0  # tokens of the session the actor holds after this round
     error: str = ""  # a request the actor refuses (beyond the model's context): never retried
+    overloaded: bool = False  # the actor's queue is full: place the session elsewhere

@@ -1,25 +1,44 @@
-"""The target model as a verifier, with a KV cache per session (no networking here).
+"""The target model as a verifier over a paged KV pool (no networking here).
 
 One forward pass over [new context tokens, x_1..x_k] gives the target's logits at the k+1
-positions that decide a round; the shared acceptance rule picks the tokens; the cache is rolled
+positions that decide a round; the shared acceptance rule picks the tokens; the session is cut
 back to the committed prefix plus the accepted drafts (the final target token is not cached yet:
-it is fed at the start of the next round, as the drafter does). `verify_batch` does this for
-many sessions in one forward pass.
+it is fed at the start of the next round, as the drafter does), which frees whole blocks.
+
+`step` is one pass of the engine: the rounds it is given share one ragged forward
+(`specdec.runtime.ragged`), under a budget of new tokens per pass. A round whose new tokens do
+not fit is prefilled in chunks over several passes (so one long prompt never stalls the decode
+rows beside it), and a round whose blocks cannot be found even after preempting every session
+outside the pass waits for a later one. Sessions of the pass are pinned: neither the LRU nor a
+preemption takes them. A preempted session's next round is a miss the pool resends.
+
+Every tensor of the pass lives on the model's device; the acceptance decisions of all rows are
+read back in one host sync.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from specdec.core.acceptance import DraftProposal, Verification, verify_greedy, verify_sampled
+from specdec.core.acceptance import (
+    DraftProposal,
+    Verification,
+    greedy_decisions,
+    resolve_greedy,
+    resolve_sampled,
+    sampled_decisions,
+)
 from specdec.core.sampling import SamplingParams, warp
 from specdec.core.session_store import SessionStore
-from specdec.runtime.batching import batched_forward
-from specdec.runtime.kv_cache import SequenceCache, resume, rollback
+from specdec.runtime.kv_cache import common_prefix
+from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape, default_budget
 from specdec.runtime.models import LoadedModel
+from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
+
+DEFAULT_PASS_TOKENS = 256  # new tokens per pass: a prefill beyond it goes in chunks
 
 
 @dataclass
@@ -30,54 +49,194 @@ class VerifyItem:
     sampling: SamplingParams
 
 
+@dataclass
+class PagedSession:
+    """A block table and exactly the tokens whose positions it holds."""
+
+    table: BlockTable = field(default_factory=BlockTable)
+    tokens: list[int] = field(default_factory=list)
+
+
+class ItemRejected(ValueError):
+    """A round this verifier can never serve (its context exceeds the pool): fails that call only."""
+
+
 class TargetVerifier:
-    def __init__(self, loaded: LoadedModel, sessions: SessionStore[SequenceCache] | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        sessions: SessionStore[PagedSession] | None = None,
+        kv_cache_bytes: int | None = None,
+        pass_tokens: int = DEFAULT_PASS_TOKENS,
+    ):
         self.loaded = loaded
+        model = loaded.model
+        use_paged_attention(model)
+        weight = next(model.parameters())
+        budget = kv_cache_bytes if kv_cache_bytes is not None else default_budget(weight.device)
+        self.pool = KVBlockPool(KVShape.of(model.config), budget, weight.dtype, weight.device)
+        self.pass_tokens = pass_tokens
+        self._vocab_in = model.get_input_embeddings().num_embeddings
         # Unbounded unless the owner passes a bounded store (the actor does: LRU, TTL, tokens).
         self.sessions = sessions if sessions is not None else SessionStore(size=cached_tokens)
+        self.sessions.on_remove = lambda session: self.pool.release(session.table)
 
     def verify(
         self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams
     ) -> Verification:
         return self.verify_batch([VerifyItem(session_id, tokens, proposal, sampling)])[0]
 
-    @torch.inference_mode()
     def verify_batch(self, items: Sequence[VerifyItem]) -> list[Verification]:
-        """Verify the rounds of several sessions in one forward pass; per-item results equal
-        one-at-a-time results (same logits up to fp32 rounding, same keyed randomness)."""
-        batch = []
-        for item in items:
-            tokens = list(item.tokens)
-            session, keep = resume(self.sessions, item.session_id, self.loaded.model, tokens)
-            batch.append((session, tokens[keep:] + list(item.proposal.token_ids)))
-        keeps = [len(item.proposal.token_ids) + 1 for item in items]
-        all_logits = batched_forward(self.loaded.model, batch, keeps)  # each (k+1, vocab)
-        results = []
-        for item, (session, _), logits in zip(items, batch, all_logits):
-            result = _accept(item, logits)
-            rejected = len(item.proposal.token_ids) - result.num_accepted
-            rollback(session.cache, rejected)
-            del session.tokens[len(session.tokens) - rejected :]
-            self.sessions.resize(item.session_id)  # the cache grew: count it, evict others to fit
-            results.append(result)
+        """Verify the rounds of several sessions, in as few passes as the budgets allow; per-item
+        results equal one-at-a-time results (same logits up to fp32 rounding, same keyed draws)."""
+        results: list[Verification | Exception | None] = [None] * len(items)
+        pending = list(range(len(items)))
+        while pending:
+            for i, result in zip(pending, self.step([items[i] for i in pending])):
+                results[i] = result
+            pending = [i for i in pending if results[i] is None]
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+        return results  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def step(self, items: Sequence[VerifyItem]) -> list[Verification | Exception | None]:
+        """One forward pass over as much of `items` as fits. Per item: its Verification, the
+        exception that fails it alone, or None when it needs another pass (a chunk of its
+        prefill went in, or it waits for blocks)."""
+        results: list[Verification | Exception | None] = [None] * len(items)
+        rows: list[Row] = []
+        finals: list[tuple[int, PagedSession]] = []  # rows that decide their round
+        budget = self.pass_tokens
+        self.sessions.pinned = {item.session_id for item in items}
+        try:
+            in_pass: set[str] = set()
+            # Whole rounds first (decode and verify rows), then prefill chunks in what is left:
+            # a long prompt never takes the budget from the rows beside it.
+            for chunks in (False, True):
+                for i, item in enumerate(items):
+                    if budget <= 0:
+                        break
+                    if results[i] is not None or item.session_id in in_pass:
+                        continue  # done, rejected, or a second round of a session in the pass
+                    try:
+                        row = self._plan(item, budget, chunks, first=chunks and not rows)
+                    except ItemRejected as error:
+                        results[i] = error
+                        continue
+                    if row is None:
+                        continue
+                    session, new, final = row
+                    in_pass.add(item.session_id)
+                    rows.append(Row(session.table, new, len(item.proposal.token_ids) + 1 if final else 0))
+                    if final:
+                        finals.append((i, session))
+                    budget -= len(new)
+            if rows:
+                logits = ragged_forward(self.loaded.model, self.pool, rows)
+                self._decide(items, finals, logits, results)
+        finally:
+            self.sessions.pinned = set()
         return results
 
     def end_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
 
+    def _plan(
+        self, item: VerifyItem, budget: int, chunks: bool, first: bool
+    ) -> tuple[PagedSession, list[int], bool] | None:
+        """This pass's row for `item`: its session, the tokens it feeds, whether it decides the
+        round (else it is a prefill chunk, when `chunks`); None when it must wait."""
+        context, drafts = list(item.tokens), list(item.proposal.token_ids)
+        if not context:
+            raise ItemRejected("a round needs at least one committed token")
+        if len(context) + len(drafts) > self.pool.capacity_tokens:
+            raise ItemRejected(
+                f"{len(context)} tokens plus {len(drafts)} drafts exceed the KV pool of "
+                f"{self.pool.capacity_tokens} positions (--kv-cache-bytes)"
+            )
+        q = item.proposal.draft_probs
+        if q is not None and (q.dim() != 2 or q.shape[0] != len(drafts) or q.shape[1] > self.loaded.vocab_size):
+            raise ItemRejected(f"draft_probs of shape {tuple(q.shape)} for {len(drafts)} drafts")
+        if not self.sessions.has_room(item.session_id):
+            return None  # every session held is in this pass: a new one waits for the next
+        session = self._resume(item.session_id, context)
+        rest = context[session.table.length :] + drafts
+        if min(rest) < 0 or max(rest) >= self._vocab_in:
+            raise ItemRejected(f"a token id outside [0, {self._vocab_in})")
+        if len(rest) <= budget or first and len(rest) - len(drafts) <= 1:
+            new, final = rest, True  # the first row always goes, so every pass makes progress
+        elif not chunks:
+            return None
+        else:
+            new, final = context[session.table.length :][: min(budget, len(context) - 1 - session.table.length)], False
+            if not new:
+                return None
+        if not self._reserve(session, session.table.length + len(new)):
+            return None
+        session.tokens.extend(new)
+        return session, new, final
 
-def cached_tokens(session: SequenceCache) -> int:
+    def _resume(self, session_id: str, context: list[int]) -> PagedSession:
+        """The session cut back to what it shares with `context`, leaving out at least the last
+        token (its logits are the ones the round needs). An unknown session starts empty."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = PagedSession()
+        keep = min(common_prefix(session.tokens, context), len(context) - 1)
+        self.pool.truncate(session.table, keep)
+        del session.tokens[keep:]
+        return session
+
+    def _reserve(self, session: PagedSession, length: int) -> bool:
+        """Grow the session's table to `length`, preempting sessions outside the pass (least
+        recently used first) while blocks are short; False when that is not enough."""
+        while self.pool.blocks_needed(session.table, length) > self.pool.free_blocks:
+            if not self.sessions.evict_one():
+                return False
+        self.pool.grow(session.table, length)
+        return True
+
+    def _decide(self, items, finals, logits: torch.Tensor, results) -> None:
+        """Acceptance for every deciding row on the device, one host sync, then the rollbacks."""
+        decisions, start = [], 0
+        for i, _ in finals:
+            item = items[i]
+            k = len(item.proposal.token_ids)
+            rows = logits[start : start + k + 1]
+            start += k + 1
+            if item.sampling.greedy:
+                decisions.append(greedy_decisions(rows))
+            else:
+                probs = warp(rows, item.sampling)  # (k+1, vocab)
+                proposal = DraftProposal(
+                    item.proposal.token_ids, _match_vocab(item.proposal.draft_probs, probs.shape[-1])
+                )
+                decisions.append(sampled_decisions(probs, proposal, item.sampling.seed, len(item.tokens)))
+        values = _to_host(torch.cat(decisions)) if decisions else []  # the pass's one host sync
+        start = 0
+        for (i, session), decided in zip(finals, decisions):
+            item = items[i]
+            mine, start = values[start : start + len(decided)], start + len(decided)
+            result = (
+                resolve_greedy(mine, list(item.proposal.token_ids))
+                if item.sampling.greedy
+                else resolve_sampled(mine, item.proposal)
+            )
+            rejected = len(item.proposal.token_ids) - result.num_accepted
+            self.pool.truncate(session.table, session.table.length - rejected)
+            del session.tokens[len(session.tokens) - rejected :]
+            self.sessions.resize(item.session_id)  # count its size now; evict others to fit
+            results[i] = result
+
+
+def _to_host(decisions: torch.Tensor) -> list[int]:
+    return decisions.tolist()
+
+
+def cached_tokens(session: PagedSession) -> int:
     return len(session.tokens)
-
-
-def _accept(item: VerifyItem, logits: torch.Tensor) -> Verification:
-    """logits: (k+1, vocab) at the positions of x_1..x_k and the one after."""
-    draft_ids = list(item.proposal.token_ids)
-    if item.sampling.greedy:
-        return verify_greedy(logits, draft_ids)
-    probs = warp(logits, item.sampling)  # (k+1, vocab)
-    proposal = DraftProposal(draft_ids, _match_vocab(item.proposal.draft_probs, probs.shape[-1]))
-    return verify_sampled(probs, proposal, item.sampling.seed, first_position=len(item.tokens))
 
 
 def _match_vocab(q: torch.Tensor | None, vocab: int) -> torch.Tensor | None:

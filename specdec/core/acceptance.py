@@ -45,11 +45,7 @@ class Verification:
 
 def verify_greedy(target_logits: torch.Tensor, draft_ids: list[int]) -> Verification:
     """target_logits: (k+1, vocab) at the positions of x_1..x_k and the one after."""
-    target_ids = torch.argmax(target_logits, dim=-1).tolist()  # (k+1,)
-    n = 0
-    while n < len(draft_ids) and draft_ids[n] == target_ids[n]:
-        n += 1
-    return Verification(draft_ids[:n] + [target_ids[n]], n, target_ids[n])
+    return resolve_greedy(greedy_decisions(target_logits).tolist(), draft_ids)
 
 
 def verify_sampled(
@@ -64,28 +60,66 @@ def verify_sampled(
     first_position is the absolute index x_1 would take in the sequence.
     proposal.draft_probs: (k, vocab) warped q, or None for a point-mass proposal.
     """
-    draft_ids = proposal.token_ids
-    k = len(draft_ids)
+    values = sampled_decisions(target_probs, proposal, seed, first_position).tolist()
+    return resolve_sampled(values, proposal)
+
+
+# The rule in two halves, so a batched verifier decides every row of a pass on the model's device
+# and reads all the decisions back in one host sync: `*_decisions` computes, for every position
+# at once, whatever the rule could need there (a tensor of token ids and flags, on the device);
+# `resolve_*` walks those values on the host.
+
+
+def greedy_decisions(target_logits: torch.Tensor) -> torch.Tensor:
+    """(k+1,) the target's argmax at each position."""
+    return torch.argmax(target_logits, dim=-1)
+
+
+def resolve_greedy(target_ids: list[int], draft_ids: list[int]) -> Verification:
+    n = 0
+    while n < len(draft_ids) and draft_ids[n] == target_ids[n]:
+        n += 1
+    return Verification(draft_ids[:n] + [target_ids[n]], n, target_ids[n])
+
+
+def sampled_decisions(
+    target_probs: torch.Tensor, proposal: DraftProposal, seed: int, first_position: int
+) -> torch.Tensor:
+    """Point mass: (k+1,) the target's keyed draw y_i at each position (the last is the bonus).
+    With q: (2k+1,) the accept flags [u_i * q_i(x_i) < p_i(x_i)], then the keyed residual draws
+    from norm(max(0, p_i - q_i)) for i < k, then the bonus draw from p_{k+1}."""
+    k = len(proposal.token_ids)
     assert target_probs.shape[0] == k + 1, (target_probs.shape, k)
+    positions = range(first_position, first_position + k + 1)
+    keys = [rng.key(seed, position, Stream.TARGET) for position in positions]
     q = proposal.draft_probs
-    for i, x in enumerate(draft_ids):
-        position = first_position + i
-        p_i = target_probs[i]  # (vocab,)
-        if q is None:
-            y = rng.sample(p_i, seed, position, Stream.TARGET)
-            if y == x:
-                continue
-            return Verification(draft_ids[:i] + [y], i, y)
-        q_x, p_x = float(q[i, x]), float(p_i[x])
-        # u < p/q, written without the division so q_x == 0 (impossible for a real draw) rejects.
-        if rng.uniform(seed, position, Stream.ACCEPT) * q_x < p_x:
-            continue
-        residual = torch.clamp(p_i - q[i].to(p_i.dtype), min=0.0)  # (vocab,)
-        if float(residual.sum()) <= 0.0:
-            # p <= q everywhere means p == q up to rounding, where rejection has probability ~0;
-            # drawing from p is the limit of the residual rule.
-            residual = p_i
-        y = rng.sample(residual, seed, position, Stream.TARGET)
-        return Verification(draft_ids[:i] + [y], i, y)
-    bonus = rng.sample(target_probs[k], seed, first_position + k, Stream.TARGET)
-    return Verification(list(draft_ids) + [bonus], k, bonus)
+    if q is None:
+        return rng.draw(target_probs, keys)
+    device = target_probs.device
+    u = rng.uniforms([rng.key(seed, position, Stream.ACCEPT) for position in positions[:k]] + keys, device)
+    q = q.to(device=device, dtype=target_probs.dtype)
+    x = torch.tensor(proposal.token_ids, dtype=torch.int64).to(device).unsqueeze(-1)  # (k, 1)
+    p = target_probs[:k]
+    # u < p/q, written without the division so q_x == 0 (impossible for a real draw) rejects.
+    accept = u[:k] * q.gather(-1, x).squeeze(-1) < p.gather(-1, x).squeeze(-1)
+    residual = torch.clamp(p - q, min=0.0)  # (k, vocab)
+    # p <= q everywhere means p == q up to rounding, where rejection has probability ~0; drawing
+    # from p is the limit of the residual rule.
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) <= 0.0, p, residual)
+    draws = rng.invert(torch.cat([residual, target_probs[k:]]), u[k:])  # corrections, then the bonus
+    return torch.cat([accept.long(), draws])
+
+
+def resolve_sampled(values: list[int], proposal: DraftProposal) -> Verification:
+    draft_ids = list(proposal.token_ids)
+    k = len(draft_ids)
+    if proposal.draft_probs is None:
+        for i, (x, y) in enumerate(zip(draft_ids, values)):
+            if y != x:
+                return Verification(draft_ids[:i] + [y], i, y)
+        return Verification(draft_ids + [values[k]], k, values[k])
+    accept, corrections, bonus = values[:k], values[k : 2 * k], values[2 * k]
+    for i in range(k):
+        if not accept[i]:
+            return Verification(draft_ids[:i] + [corrections[i]], i, corrections[i])
+    return Verification(draft_ids + [bonus], k, bonus)

@@ -7,6 +7,7 @@ refused with the same message as the flag itself.
 from __future__ import annotations
 
 import argparse
+import re
 
 
 def nonnegative_int(text: str) -> int:
@@ -67,3 +68,15 @@ def probability(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
     return value
+
+
+_BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: 1073741824, 1GiB, 512MiB, 2GB (units are case-insensitive)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in _BYTE_UNITS or float(match.group(1)) * _BYTE_UNITS[unit] < 1:
+        raise argparse.ArgumentTypeError(f"expected a size in bytes such as 4GiB or 512MiB, got {text!r}")
+    return int(float(match.group(1)) * _BYTE_UNITS[unit])

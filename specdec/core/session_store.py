@@ -7,7 +7,9 @@ coordinators die without ending their sessions.
 
 Values may grow in place (a KV cache after a forward pass): the owner calls `resize(key)` to
 have the new size counted. The entry being stored or resized is never evicted by its own call,
-so the token bound can be exceeded by the one session in use when it alone is over budget.
+so the token bound can be exceeded by the one session in use when it alone is over budget, and
+no `pinned` key is ever evicted (the sessions of the forward pass being built). `on_remove` sees
+every value that leaves, however it leaves, so an owner can free what the value holds.
 Thread-safe: the draft service touches it from the event loop and from the model's worker thread.
 """
 
@@ -27,6 +29,7 @@ V = TypeVar("V")
 class EvictionCounts:
     lru: int = 0  # dropped to make room (max_sessions or max_tokens)
     ttl: int = 0  # idle longer than ttl_s
+    pressure: int = 0  # dropped by `evict_one`: the owner ran out of something else (KV blocks)
 
 
 class SessionStore(MutableMapping[str, V], Generic[V]):
@@ -54,6 +57,8 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
         self._entries: OrderedDict[str, tuple[V, int, float]] = OrderedDict()
         self._total = 0
         self.evicted = EvictionCounts()
+        self.pinned: set[str] = set()
+        self.on_remove: Callable[[V], None] | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -119,22 +124,43 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
             self._total += new - old
             self._evict_for(key)
 
+    def has_room(self, key: str) -> bool:
+        """Whether storing `key` keeps max_sessions: it is held already, the store is below the
+        bound, or some session is not pinned (the LRU takes it)."""
+        with self._lock:
+            self._expire()
+            if key in self._entries or self.max_sessions is None or len(self._entries) < self.max_sessions:
+                return True
+            return any(k not in self.pinned for k in self._entries)
+
+    def evict_one(self) -> bool:
+        """Drop the least recently used session that is not pinned; False when there is none."""
+        with self._lock:
+            victim = next((k for k in self._entries if k not in self.pinned), None)
+            if victim is None:
+                return False
+            self._remove(victim)
+            self.evicted.pressure += 1
+            return True
+
     def _remove(self, key: str) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
             self._total -= entry[1]
+            if self.on_remove is not None:
+                self.on_remove(entry[0])
 
     def _expire(self) -> None:
         # Entries are in order of last use, so the expired ones are a prefix.
         if self.ttl_s is None:
             return
         oldest_kept = self._clock() - self.ttl_s
-        while self._entries:
-            key, (_, _, last_use) = next(iter(self._entries.items()))
+        for key, (_, _, last_use) in list(self._entries.items()):
             if last_use > oldest_kept:
                 break
-            self._remove(key)
-            self.evicted.ttl += 1
+            if key not in self.pinned:
+                self._remove(key)
+                self.evicted.ttl += 1
 
     def _evict_for(self, keep: str) -> None:
         """Drop least recently used sessions (never `keep`) until both bounds hold."""
@@ -145,7 +171,7 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
             return too_many or too_big
 
         while over():
-            victim = next((k for k in self._entries if k != keep), None)
+            victim = next((k for k in self._entries if k != keep and k not in self.pinned), None)
             if victim is None:
                 return
             self._remove(victim)

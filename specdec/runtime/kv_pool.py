@@ -1,0 +1,133 @@
+"""A KV block pool: every layer's keys and values in storage allocated once, handed out in blocks.
+
+Storage per layer is (num_blocks * block_size, kv_heads, head_dim) for keys and again for values,
+sized from a byte budget when the pool is made. A session owns a block table (the blocks that
+hold its positions, in order): position p lives in slot `blocks[p // block_size] * block_size +
+p % block_size`. Growing a session takes blocks from the free list; rolling it back shortens its
+length and returns whole blocks no position uses any more; ending it returns them all. No tensor
+is ever copied to grow, shrink or batch a session: a forward pass writes its new states into
+their slots and reads every session's states through its slots (`specdec.runtime.ragged`).
+
+Every layer keeps every position, sliding-window layers included: the mask bounds what they
+read, so rolling back past a window is exact and never needs a re-prefill, at the cost of memory
+a window-sized ring would save.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PretrainedConfig
+
+BLOCK_SIZE = 16  # positions per block (vLLM's default too)
+
+
+class OutOfBlocks(RuntimeError):
+    """The pool has fewer free blocks than a growth needs."""
+
+
+@dataclass
+class BlockTable:
+    """The blocks holding one session's positions, and how many positions they hold."""
+
+    blocks: list[int] = field(default_factory=list)
+    length: int = 0
+
+
+@dataclass(frozen=True)
+class KVShape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, config: PretrainedConfig) -> KVShape:
+        config = config.get_text_config()
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(config.num_hidden_layers, kv_heads, head_dim)
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * dtype.itemsize
+
+
+class KVBlockPool:
+    def __init__(
+        self,
+        shape: KVShape,
+        budget_bytes: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        block_size: int = BLOCK_SIZE,
+    ):
+        self.shape, self.dtype, self.device, self.block_size = shape, dtype, torch.device(device), block_size
+        self.num_blocks = budget_bytes // (shape.bytes_per_token(dtype) * block_size)
+        if self.num_blocks < 1:
+            raise ValueError(
+                f"a KV budget of {budget_bytes} bytes holds no block of {block_size} positions "
+                f"({shape.bytes_per_token(dtype)} bytes each)"
+            )
+        slots = self.num_blocks * block_size
+        # torch.empty: on a CPU, pages are committed as blocks are first written.
+        self.keys = [self._storage(slots) for _ in range(shape.layers)]
+        self.values = [self._storage(slots) for _ in range(shape.layers)]
+        self._free = list(range(self.num_blocks - 1, -1, -1))  # a stack: low blocks handed out first
+
+    def _storage(self, slots: int) -> torch.Tensor:
+        return torch.empty(slots, self.shape.kv_heads, self.shape.head_dim, dtype=self.dtype, device=self.device)
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def blocks_needed(self, table: BlockTable, new_length: int) -> int:
+        """Blocks a growth of `table` to `new_length` positions takes from the free list."""
+        return max(0, -(-new_length // self.block_size) - len(table.blocks))
+
+    def grow(self, table: BlockTable, new_length: int) -> None:
+        """Give `table` the blocks for `new_length` positions; all or nothing."""
+        needed = self.blocks_needed(table, new_length)
+        if needed > len(self._free):
+            raise OutOfBlocks(f"{needed} blocks needed, {len(self._free)} free")
+        for _ in range(needed):
+            table.blocks.append(self._free.pop())
+        table.length = max(table.length, new_length)
+
+    def truncate(self, table: BlockTable, new_length: int) -> None:
+        """Keep the first `new_length` positions; blocks past them go back to the free list."""
+        if not 0 <= new_length <= table.length:
+            raise ValueError(f"cannot truncate {table.length} positions to {new_length}")
+        keep = -(-new_length // self.block_size)
+        self._free.extend(reversed(table.blocks[keep:]))
+        del table.blocks[keep:]
+        table.length = new_length
+
+    def release(self, table: BlockTable) -> None:
+        self.truncate(table, 0)
+
+    def slots(self, table: BlockTable, start: int, end: int) -> list[int]:
+        """The storage slots of positions start..end-1 of `table`."""
+        size, blocks = self.block_size, table.blocks
+        return [blocks[p // size] * size + p % size for p in range(start, end)]
+
+
+def default_budget(device: torch.device) -> int:
+    """The KV budget when none is given: 90% of the GPU memory left after the weights (as vLLM's
+    gpu_memory_utilization), or on a CPU a quarter of the memory available now (several actors
+    and the weights' packed copies share a node's RAM)."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return max(0, int(0.9 * total) - (total - free))
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4

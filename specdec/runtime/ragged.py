@@ -1,0 +1,190 @@
+"""One forward pass over a packed ragged batch, with attention reading K/V from the block pool.
+
+A pass packs every row's new tokens into one sequence of T tokens (decode rows, verify rows of
+k+1 tokens, prefill chunks, side by side, no padding), with each token's real position as its
+position id. The model runs once over it: every projection and MLP sees T rows, and the weights
+are read once. Only attention needs to know where rows begin and end; it runs as a registered
+transformers attention function (`specdec_paged`) that, per layer:
+
+1. writes the pass's new keys and values into their pool slots (one `index_copy_` each);
+2. reads each row's keys and values through its slots (one `index_select` per group of rows);
+3. attends with a mask that lets a token see its own row's positions up to its own (and, in a
+   sliding-window layer, only the last `window` of them).
+
+Rows are grouped so attention does not pad a short row to a prefill's length: rows of at most
+`_SHORT` new tokens (decode and verify) share one batched attention, padded to the longest
+context among them; each longer row (a prefill chunk) attends alone. Padded query rows see key 0
+only, so no softmax row is empty (a NaN there would not leak, but costs nothing to avoid).
+
+A model switched to `specdec_paged` still runs normally (SDPA with transformers' masks) when a
+forward carries no pass layout: the draft tier, references in tests and HF `generate` share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from specdec.runtime.kv_pool import BlockTable, KVBlockPool
+from specdec.runtime.projection import forward_logits
+
+IMPLEMENTATION = "specdec_paged"
+_SHORT = 16  # rows with at most this many new tokens attend together
+
+
+@dataclass
+class Row:
+    """One session's part of a pass: `tokens` go at positions table.length - len(tokens) ...
+    (the caller has grown the table), and the logits of the last `keep` are wanted."""
+
+    table: BlockTable
+    tokens: Sequence[int]
+    keep: int
+
+
+@dataclass
+class _Group:
+    """Rows that attend together: queries gathered from the packed sequence into (B, N) and keys
+    gathered from the pool into (B, C), both padded."""
+
+    query_index: torch.Tensor  # (B * N,) packed index of each padded query (pads: 0)
+    slots: torch.Tensor  # (B * C,) pool slot of each padded key (pads: 0)
+    query_pos: torch.Tensor  # (B, N, 1) position of each query (pads: 0)
+    key_len: torch.Tensor  # (B, 1, 1) positions each row holds after this pass
+    valid: torch.Tensor  # (M,) flat (B * N) index of each real query, in packed order
+    packed: torch.Tensor  # (M,) its packed index
+    rows: int
+    queries: int  # N
+    keys: int  # C
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # window -> (B, 1, N, C)
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        if window not in self.masks:
+            key_pos = torch.arange(self.keys, device=self.query_pos.device)  # (C,)
+            seen = (key_pos <= self.query_pos) & (key_pos < self.key_len)  # (B, N, C)
+            if window is not None:
+                seen &= key_pos > self.query_pos - window
+            self.masks[window] = seen.unsqueeze(1)
+        return self.masks[window]
+
+
+@dataclass
+class PassLayout:
+    pool: KVBlockPool
+    new_slots: torch.Tensor  # (T,) where each packed token's keys and values go
+    groups: list[_Group]
+    tokens: int  # T
+
+
+def ragged_forward(model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row]) -> torch.Tensor:
+    """Run `rows` through the model in one pass, writing their states into the pool. Returns the
+    logits of every row's kept positions, concatenated in row order: (sum of keep, vocab)."""
+    device = pool.device
+    ids, positions, new_slots, kept = [], [], [], []
+    for row in rows:
+        start = row.table.length - len(row.tokens)
+        kept.extend(range(len(ids) + len(row.tokens) - row.keep, len(ids) + len(row.tokens)))
+        ids.extend(row.tokens)
+        positions.extend(range(start, row.table.length))
+        new_slots.extend(pool.slots(row.table, start, row.table.length))
+    layout = PassLayout(pool, _tensor(new_slots, device), _groups(pool, rows), len(ids))
+    return forward_logits(
+        model,
+        _tensor(kept, device),
+        input_ids=_tensor(ids, device).unsqueeze(0),
+        position_ids=_tensor(positions, device).unsqueeze(0),
+        # A 4D mask is taken as given by transformers' mask builders, so they build none.
+        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
+        use_cache=False,
+        specdec_pass=layout,
+    )[0]
+
+
+def _tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+
+
+def _groups(pool: KVBlockPool, rows: Sequence[Row]) -> list[_Group]:
+    offsets, total = [], 0
+    for row in rows:
+        offsets.append(total)
+        total += len(row.tokens)
+    short = [i for i, row in enumerate(rows) if len(row.tokens) <= _SHORT]
+    members = ([short] if short else []) + [[i] for i, row in enumerate(rows) if len(row.tokens) > _SHORT]
+    return [_group(pool, [rows[i] for i in m], [offsets[i] for i in m]) for m in members]
+
+
+def _group(pool: KVBlockPool, rows: list[Row], offsets: list[int]) -> _Group:
+    n_max = max(len(row.tokens) for row in rows)
+    c_max = max(row.table.length for row in rows)
+    query_index, query_pos, slots, valid, packed = [], [], [], [], []
+    for b, (row, offset) in enumerate(zip(rows, offsets)):
+        n, length = len(row.tokens), row.table.length
+        query_index += list(range(offset, offset + n)) + [0] * (n_max - n)
+        query_pos += list(range(length - n, length)) + [0] * (n_max - n)
+        slots += pool.slots(row.table, 0, length) + [0] * (c_max - length)
+        valid += range(b * n_max, b * n_max + n)
+        packed += range(offset, offset + n)
+    device = pool.device
+    return _Group(
+        query_index=_tensor(query_index, device),
+        slots=_tensor(slots, device),
+        query_pos=_tensor(query_pos, device).view(len(rows), n_max, 1),
+        key_len=_tensor([row.table.length for row in rows], device).view(len(rows), 1, 1),
+        valid=_tensor(valid, device),
+        packed=_tensor(packed, device),
+        rows=len(rows),
+        queries=n_max,
+        keys=c_max,
+    )
+
+
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # (1, H, T, d)
+    key: torch.Tensor,  # (1, Hkv, T, d): the new positions only
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    specdec_pass: PassLayout | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    if specdec_pass is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, sliding_window=sliding_window, **kwargs
+        )
+    if getattr(module, "attn_logit_softcapping", None):
+        raise NotImplementedError("paged attention has no logit softcapping (Gemma 2)")
+    layout, layer = specdec_pass, module.layer_idx
+    keys, values = layout.pool.keys[layer], layout.pool.values[layer]
+    keys.index_copy_(0, layout.new_slots, key[0].transpose(0, 1).to(keys.dtype))
+    values.index_copy_(0, layout.new_slots, value[0].transpose(0, 1).to(values.dtype))
+    heads, dim, kv_heads = query.shape[1], query.shape[-1], keys.shape[1]
+    packed_query = query[0].transpose(0, 1)  # (T, H, d)
+    out = packed_query.new_empty(layout.tokens, heads, dim)
+    for group in layout.groups:
+        b, n, c = group.rows, group.queries, group.keys
+        q = packed_query.index_select(0, group.query_index).view(b, n, heads, dim).transpose(1, 2)
+        k = keys.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
+        v = values.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=group.mask(sliding_window), scale=scaling, enable_gqa=heads != kv_heads
+        )  # (b, H, n, d)
+        attended = attended.transpose(1, 2).reshape(b * n, heads, dim)
+        out.index_copy_(0, group.packed, attended.index_select(0, group.valid))
+    return out.unsqueeze(0), None  # (1, T, H, d), as transformers' attention functions return
+
+
+AttentionInterface.register(IMPLEMENTATION, paged_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+
+
+def use_paged_attention(model: PreTrainedModel) -> None:
+    """Switch `model` to `specdec_paged` (it behaves as SDPA in forwards without a pass layout)."""
+    model.set_attn_implementation(IMPLEMENTATION)
