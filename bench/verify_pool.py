@@ -294,6 +294,8 @@ def summarize(name: str, setup: Setup, raw: dict, floor: float | None, args) -> 
                 "pool_batched_tok_s": t["pool_batched"],
                 "pool_single_tok_s": t["pool_single"],
                 "pool_ratio": t["pool_batched"] / t["pool_single"],
+                # What a batched pass costs through the actor over the same-sized pass in process.
+                "actor_over_in_process": t["batched"] / t["pool_batched"],
             }
             row["pool_forwards_per_step"] = len(sizes) / raw["steps"][n]
         throughput.append(row)
@@ -360,6 +362,7 @@ def report(result: dict, args, ray: bool) -> None:
             ("pool batched", "pool_batched_tok_s", "{:.0f}"),
             ("pool max_batch 1", "pool_single_tok_s", "{:.0f}"),
             ("pool ratio", "pool_ratio", "{:.2f}"),
+            ("actor/in-process", "actor_over_in_process", "{:.2f}"),
             ("forwards/step", "pool_forwards_per_step", "{:.1f}"),
         ]
     print(_table(result["throughput"], columns))

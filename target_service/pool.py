@@ -99,7 +99,8 @@ class TargetPool:
         tokens = list(tokens)
         carrier: dict[str, str] = {}
         inject(carrier)  # the round's span continues inside the actor
-        self._poll_load()
+        if session_id not in self.sessions:
+            await self._poll_load()
         full: set[str] = set()  # actors that answered `overloaded` to this round
         for _ in range(self.config.attempts):
             placement = self._placement(session_id)
@@ -180,10 +181,13 @@ class TargetPool:
         self.resends += 1
         self.sessions[session_id] = _Placement(self._least_loaded(avoid={actor, *avoid}))
 
-    def _poll_load(self) -> None:
-        """Start reading the actors' load when the last reading is older than load_poll_s."""
+    async def _poll_load(self) -> None:
+        """Before placing a session: read the actors' load when the last reading is older than
+        load_poll_s; waits for the very first reading only, later ones run in the background."""
         if self._poll is None and time.monotonic() - self._polled > self.config.load_poll_s:
             self._poll = asyncio.get_running_loop().create_task(self._read_load())
+        if self._polled == 0.0 and self._poll is not None:
+            await asyncio.shield(self._poll)
 
     async def _read_load(self) -> None:
         try:

@@ -15,6 +15,8 @@ a window-sized ring would save.
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +76,9 @@ class KVBlockPool:
         self.keys = [self._storage(slots) for _ in range(shape.layers)]
         self.values = [self._storage(slots) for _ in range(shape.layers)]
         self._free = list(range(self.num_blocks - 1, -1, -1))  # a stack: low blocks handed out first
+        # The engine's thread grows and cuts tables while another may end a session (an actor's
+        # event loop, a TTL expiry during a metrics scrape): the free list changes under a lock.
+        self._lock = threading.Lock()
 
     def _storage(self, slots: int) -> torch.Tensor:
         return torch.empty(slots, self.shape.kv_heads, self.shape.head_dim, dtype=self.dtype, device=self.device)
@@ -96,21 +101,23 @@ class KVBlockPool:
 
     def grow(self, table: BlockTable, new_length: int) -> None:
         """Give `table` the blocks for `new_length` positions; all or nothing."""
-        needed = self.blocks_needed(table, new_length)
-        if needed > len(self._free):
-            raise OutOfBlocks(f"{needed} blocks needed, {len(self._free)} free")
-        for _ in range(needed):
-            table.blocks.append(self._free.pop())
-        table.length = max(table.length, new_length)
+        with self._lock:
+            needed = self.blocks_needed(table, new_length)
+            if needed > len(self._free):
+                raise OutOfBlocks(f"{needed} blocks needed, {len(self._free)} free")
+            for _ in range(needed):
+                table.blocks.append(self._free.pop())
+            table.length = max(table.length, new_length)
 
     def truncate(self, table: BlockTable, new_length: int) -> None:
         """Keep the first `new_length` positions; blocks past them go back to the free list."""
         if not 0 <= new_length <= table.length:
             raise ValueError(f"cannot truncate {table.length} positions to {new_length}")
         keep = -(-new_length // self.block_size)
-        self._free.extend(reversed(table.blocks[keep:]))
-        del table.blocks[keep:]
-        table.length = new_length
+        with self._lock:
+            self._free.extend(reversed(table.blocks[keep:]))
+            del table.blocks[keep:]
+            table.length = new_length
 
     def release(self, table: BlockTable) -> None:
         self.truncate(table, 0)
@@ -122,12 +129,23 @@ class KVBlockPool:
 
 
 def default_budget(device: torch.device) -> int:
-    """The KV budget when none is given: 90% of the GPU memory left after the weights (as vLLM's
-    gpu_memory_utilization), or on a CPU a quarter of the memory available now (several actors
-    and the weights' packed copies share a node's RAM)."""
+    """The KV budget when none is given: 90% of the GPU memory less what is in use after the
+    weights (as vLLM's gpu_memory_utilization), or on a CPU a quarter of the memory available
+    now (several actors and the weights' packed copies share a node's RAM), within the
+    container's memory limit when it has one."""
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return max(0, int(0.9 * total) - (total - free))
-    import os
+    return _available_ram() // 4
 
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+
+def _available_ram() -> int:
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:  # cgroup v2: a pod's limit, which the host's free memory says nothing about
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read())
+    except (OSError, ValueError):
+        return available
+    return available if limit == "max" else min(available, max(0, int(limit) - used))

@@ -52,3 +52,21 @@ def test_bench_runs_all_methods_and_greedy_outputs_match(tmp_path):
     overall = results["overall"]
     assert overall["greedy_equal"] == {name: True for name in METHODS}
     assert overall["ours_over_peer"] > 0
+
+
+def test_the_gpu_check_runs_on_a_cpu_and_finds_the_engine_exact(tmp_path):
+    """bench/gpu_check.sh's script, on the CPU with a tiny model: exactness holds in fp32 and the
+    latency and throughput tables are filled."""
+    from specdec.bench import gpu_engine
+
+    model = make_tiny_model("gemma3", tmp_path / "m", seed=1, sliding_window=8)
+    out = tmp_path / "gpu.json"
+    argv = ["--device", "cpu", "--model", str(model), "--context", "40", "--concurrency", "1,4", "--repeats", "2"]
+    assert gpu_engine.main([*argv, "--new-tokens", "12", "--kv-cache-bytes", str(1 << 24), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    exact = result["exactness"]
+    assert exact["speculative_equal"] and exact["batched_equal"] and exact["new_tokens"] == 12
+    assert exact["hf_generate_agrees"] == 12  # transformers' own generate, another code path
+    assert set(result["verify_ms_by_k"]) == {str(k) for k in range(9)}
+    assert set(result["decode_by_concurrency"]) == {"1", "4"}
+    assert all(cell["tokens_per_s"] > 0 for cell in result["decode_by_concurrency"].values())

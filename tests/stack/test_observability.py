@@ -175,6 +175,9 @@ def test_metrics_move_by_exactly_the_requests_drafts(observed):
     # Target tier: one verified round each; the session was ended, nothing stays cached.
     assert moved(before["target"], after["target"], "specdec:target_verify_rounds_total") == stats.rounds
     assert after["target"][("specdec:target_sessions", ())] == 0
+    # The KV pool: a fixed number of blocks, all free again once the session ended.
+    assert after["target"][("specdec:target_kv_blocks_total", ())] > 0
+    assert after["target"][("specdec:target_kv_blocks_used", ())] == 0
 
 
 def test_no_prompt_or_output_text_in_spans_or_logs(observed):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
+from dataclasses import replace
 
 import pytest
 import ray
@@ -13,7 +15,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
 from specdec.target_service.actor import ActorConfig
-from specdec.target_service.pool import PoolConfig, TargetPool, launch
+from specdec.target_service.pool import PoolConfig, TargetPool, _Placement, launch
 from specdec.target_service.verifier import TargetVerifier
 
 PROMPTS = [
@@ -179,3 +181,73 @@ def test_verify_span_joins_the_callers_trace_inside_the_actor(pool_factory):
     assert verify[0]["trace_id"] == f"{context.trace_id:032x}"
     assert verify[0]["parent_span_id"] == f"{context.span_id:016x}"
     assert verify[0]["attributes"]["specdec.k"] == 2
+
+
+def _round(session: str, tokens: list[int]):
+    from specdec.core.acceptance import DraftProposal
+
+    return session, tokens, DraftProposal([7, 8]), SamplingParams()
+
+
+def test_new_sessions_go_where_the_actors_report_least_load(tiny_dir, pool_factory):
+    """Two coordinators' pools over the same two actors: the second places a new session by
+    what the actors report (the first pool's sessions), not by its own empty view."""
+    first = pool_factory(replicas=2)
+    second = TargetPool(PoolConfig(prefix=first.config.prefix, namespace="specdec-test", load_poll_s=0.0))
+
+    async def scenario():
+        for i in range(3):  # 2 + 1 over the actors, whichever way the tie breaks
+            await first.verify(*_round(f"a{i}", PROMPTS[i]))
+        await second.verify(*_round("b0", PROMPTS[3]))
+
+    asyncio.run(scenario())
+    held = {name: sum(p.actor == name for p in first.sessions.values()) for name in first.actors}
+    assert sorted(held.values()) == [1, 2]
+    assert second.sessions["b0"].actor == min(held, key=held.get)
+    loads = [ray.get(actor.load.remote()) for actor in first.actors.values()]
+    assert sorted(load["sessions"] for load in loads) == [2, 2]  # b0 evened them out
+    assert all(load["kv_blocks_used"] > 0 and load["kv_blocks_total"] > load["kv_blocks_used"] for load in loads)
+
+
+def test_full_queues_place_sessions_elsewhere_then_refuse(tiny, pool_factory):
+    """max_queue 1: rounds an actor cannot queue go to the other actor; with every queue full the
+    pool raises TargetOverloaded (RESOURCE_EXHAUSTED at the API), and all other rounds are right."""
+    from specdec.target_service.pool import TargetOverloaded
+
+    pool = pool_factory(replicas=2, max_queue=1, max_batch=1)
+    verifier = TargetVerifier(tiny("llama", 1))
+    rounds = [_round(f"s{i}", PROMPTS[i % 4] + [i]) for i in range(24)]
+
+    async def scenario():
+        return await asyncio.gather(*(pool.verify(*r) for r in rounds), return_exceptions=True)
+
+    results = asyncio.run(scenario())
+    refused = [r for r in results if isinstance(r, TargetOverloaded)]
+    answered = [(r, rnd) for r, rnd in zip(results, rounds) if not isinstance(r, Exception)]
+    assert refused and answered and len(refused) + len(answered) == len(rounds)
+    assert all(result == verifier.verify(*rnd) for result, rnd in answered)
+    assert {p.actor for p in pool.sessions.values()} == set(pool.actors)  # both actors took rounds
+    assert not any(f"s{i}" in pool.sessions for i, r in enumerate(results) if isinstance(r, TargetOverloaded))
+
+
+def test_a_stalled_actor_costs_a_move_not_a_hung_request(tiny, pool_factory):
+    """SIGSTOP one of two actors: a round placed there waits verify_timeout_s, then its session
+    moves to the other actor and the round is answered there."""
+    import os
+    import signal
+
+    pool = pool_factory(replicas=2)
+    pool = TargetPool(replace(pool.config, verify_timeout_s=1.0))
+    names = sorted(pool.actors)
+    stalled = ray.get(pool.actors[names[0]].info.remote())["pid"]
+    verifier = TargetVerifier(tiny("llama", 1))
+    os.kill(stalled, signal.SIGSTOP)
+    try:
+        pool.sessions["s"] = _Placement(names[0])  # as if placed there before it stalled
+        started = time.monotonic()
+        result = asyncio.run(asyncio.wait_for(pool.verify(*_round("s", PROMPTS[0])), 30))
+        waited = time.monotonic() - started
+    finally:
+        os.kill(stalled, signal.SIGCONT)
+    assert result == verifier.verify(*_round("s", PROMPTS[0]))
+    assert pool.sessions["s"].actor == names[1] and 1.0 <= waited < 15

@@ -1,0 +1,185 @@
+"""The target engine on one device: exactness first, then verify latency against k and decode
+throughput against concurrency.
+
+  python -m specdec.bench.gpu_engine [--device cuda] [--model SPEC] [--dtype bf16|fp32] [--json PATH]
+
+Run by bench/gpu_check.sh on a GPU (it runs on a CPU too, which is how the suite keeps it
+working). For the model (default: the embedded Gemma 3 270M):
+
+1. exactness: greedy speculative decoding with the n-gram drafter equals target-only greedy
+   decoding for k = 1..8 (and how far target-only agrees with transformers' own `generate`,
+   another code path), and a batched verify of sessions of different lengths equals the same
+   rounds one at a time. In fp32 both must hold exactly. In bf16 a batch's composition changes
+   its numerics (other rows change the GEMM tiling and the reduction order), so two runs of one
+   request may part where the target's top two logits tie within bf16's rounding; the check
+   reports how many tokens agree before the first difference instead of failing.
+2. verify latency: one session holding --context tokens verifies rounds of k = 0..8 drafts;
+   median milliseconds a pass.
+3. throughput: N sessions of --context tokens decode one token each per pass (k = 0), N = 1, 4,
+   16, 64, 128 (the sessions' KV must fit --kv-cache-bytes); tokens/s = N / median pass time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from specdec.coordinator.engine import EngineConfig, GenerationRequest
+from specdec.core.acceptance import DraftProposal
+from specdec.core.sampling import SamplingParams
+from specdec.drafts.loading import load_model
+from specdec.local.in_process import build_engine
+from specdec.target_service.verifier import TargetVerifier, VerifyItem
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PROMPT = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+    "def fibonacci_memo(n, memo={}):\n"
+)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _agree(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def exactness(loaded, args) -> dict:
+    prompt = loaded.tokenizer(PROMPT)["input_ids"]
+    target = loaded
+    engine = build_engine(target, None, EngineConfig(max_draft_tokens=8, adaptive=False))
+
+    def generate(k: int) -> list[int]:
+        request = GenerationRequest(prompt_token_ids=prompt, max_new_tokens=args.new_tokens, max_draft_tokens=k)
+        return asyncio.run(engine.generate(request)).token_ids
+
+    plain = generate(0)
+    by_k = {k: _agree(generate(k), plain) for k in range(1, 9)}
+    # transformers' own greedy generate (SDPA and its DynamicCache: another code path).
+    ids = torch.tensor([prompt], device=next(loaded.model.parameters()).device)
+    hf = loaded.model.generate(
+        ids, max_new_tokens=len(plain), min_new_tokens=len(plain), do_sample=False, eos_token_id=None
+    )
+    hf_agrees = _agree(hf[0, len(prompt) :].tolist(), plain)
+    # Batched next to one at a time: sessions of 8 different lengths, k from 0 to 7.
+    g = torch.Generator().manual_seed(0)
+    vocab = loaded.vocab_size
+    items = [
+        VerifyItem(
+            f"s{i}",
+            torch.randint(3, vocab, (16 + 37 * i,), generator=g).tolist(),
+            DraftProposal(torch.randint(3, vocab, (i,), generator=g).tolist()),
+            SamplingParams(),
+        )
+        for i in range(8)
+    ]
+    budget = 1 << 28
+    together = TargetVerifier(loaded, kv_cache_bytes=budget).verify_batch(items)
+    alone_verifier = TargetVerifier(loaded, kv_cache_bytes=budget)
+    alone = [alone_verifier.verify(it.session_id, it.tokens, it.proposal, it.sampling) for it in items]
+    return {
+        "new_tokens": len(plain),
+        "speculative_agrees_with_target_only": by_k,
+        "speculative_equal": all(n == len(plain) for n in by_k.values()),
+        "hf_generate_agrees": hf_agrees,
+        "batched_equal": together == alone,
+    }
+
+
+def _time_pass(verifier: TargetVerifier, items: list[VerifyItem], repeats: int, device: torch.device) -> float:
+    """Median seconds of one pass over `items` (the same rounds again: every draft rejected at
+    x_1 or none given, so the sessions never grow)."""
+    verifier.verify_batch(items)  # prefill
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        started = time.perf_counter()
+        verifier.verify_batch(items)
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def latency_and_throughput(loaded, args, device: torch.device) -> dict:
+    g = torch.Generator().manual_seed(1)
+    vocab = loaded.vocab_size
+    verifier = TargetVerifier(loaded, kv_cache_bytes=args.kv_cache_bytes, pass_tokens=max(args.context + 16, 256))
+    context = torch.randint(3, vocab, (args.context,), generator=g).tolist()
+    greedy = SamplingParams()
+    nxt = verifier.verify("probe", context, DraftProposal([]), greedy).bonus_token
+    wrong = (nxt + 1) % vocab  # x_1 never the target's token: every round rejects at once
+    latency = {}
+    for k in range(0, 9):
+        item = VerifyItem("lat", context, DraftProposal([wrong] + [5] * (k - 1) if k else []), greedy)
+        latency[k] = 1000 * _time_pass(verifier, [item], args.repeats, device)
+    throughput = {}
+    for n in args.concurrency:
+        items = [
+            VerifyItem(
+                f"c{n}-{i}", torch.randint(3, vocab, (args.context,), generator=g).tolist(), DraftProposal([]), greedy
+            )
+            for i in range(n)
+        ]
+        seconds = _time_pass(verifier, items, args.repeats, device)
+        throughput[n] = {"pass_ms": 1000 * seconds, "tokens_per_s": n / seconds}
+        for item in items:
+            verifier.end_session(item.session_id)
+    return {"verify_ms_by_k": latency, "decode_by_concurrency": throughput}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.gpu_engine", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", default=None, help="load_model spec (default: the embedded Gemma 3 270M)")
+    p.add_argument("--dtype", choices=DTYPES, default="fp32")
+    p.add_argument("--context", type=int, default=512, help="tokens each session holds (default 512)")
+    p.add_argument("--concurrency", default="1,4,16,64,128", help="sessions per decode pass, comma separated")
+    p.add_argument("--repeats", type=int, default=10, help="timed passes per cell; medians (default 10)")
+    p.add_argument("--new-tokens", type=int, default=48, help="tokens the exactness check generates (default 48)")
+    p.add_argument("--kv-cache-bytes", type=int, default=4 << 30, help="the KV pool (default 4 GiB)")
+    p.add_argument("--json", default=None, metavar="PATH")
+    args = p.parse_args(argv)
+    args.concurrency = [int(n) for n in args.concurrency.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    device = torch.device(args.device)
+    loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device)
+    result = {"model": loaded.name, "device": str(device), "dtype": args.dtype}
+    if device.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(device)
+    result["exactness"] = exactness(loaded, args)
+    result.update(latency_and_throughput(loaded, args, device))
+    exact = result["exactness"]
+    print(f"{loaded.name} on {result.get('gpu', device)} in {args.dtype}")
+    print(f"  greedy speculative == target-only (k = 1..8): {exact['speculative_equal']}", end="")
+    print(f"  (tokens agreeing by k: {exact['speculative_agrees_with_target_only']})")
+    agree = f"{exact['hf_generate_agrees']}/{exact['new_tokens']}"
+    print(f"  target-only tokens agreeing with transformers' generate: {agree}")
+    print(f"  batched verify == one at a time: {exact['batched_equal']}")
+    print("  verify ms by k:  " + "  ".join(f"{k}: {ms:.1f}" for k, ms in result["verify_ms_by_k"].items()))
+    for n, cell in result["decode_by_concurrency"].items():
+        print(f"  {n:>4} sessions: {cell['pass_ms']:8.1f} ms a pass, {cell['tokens_per_s']:9.1f} tokens/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    # fp32 must be exact; bf16 reports (see the docstring).
+    return 0 if args.dtype == "bf16" or (exact["speculative_equal"] and exact["batched_equal"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
