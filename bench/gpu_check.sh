@@ -3,7 +3,7 @@
 # against k and decode throughput against concurrency, on the embedded Gemma 3 270M and on a
 # larger model named on the command line (a local directory or .gguf; nothing is downloaded).
 #
-#   pip install torch --index-url https://download.pytorch.org/whl/cu128   # a CUDA build of torch
+#   pip install --index-url https://download.pytorch.org/whl/cu130 torch==2.13.0   # a CUDA build of torch
 #   pip install -e '.[dev]'
 #   bench/gpu_check.sh [LARGER_MODEL] [OUT_DIR]
 #

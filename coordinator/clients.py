@@ -34,7 +34,7 @@ from specdec.core.draft_source import model_draft_limit
 from specdec.core.packing import unpack_probs
 from specdec.core.sampling import SamplingParams
 from specdec.core.wire import MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_BYTES, SESSION_MISS, channel_options
-from specdec.runtime.kv_cache import common_prefix
+from specdec.runtime.kv_pool import common_prefix
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 _DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name

@@ -13,8 +13,8 @@ mass (draft_probs None: accept iff the target's own keyed draw equals the draft)
 carries its q; both leave each output token distributed as the target's, so a request may switch
 between them from one round to the next. Greedy rounds compare argmaxes either way.
 
-The model's KV cache simply skips lookup rounds: its next call finds the common prefix with the
-context (`specdec.runtime.kv_cache.resume`) and feeds the tokens committed meanwhile.
+The model's KV simply skips lookup rounds: its next call finds the common prefix with the
+context (`ModelDrafter._resume`) and feeds the tokens committed meanwhile.
 """
 
 from __future__ import annotations

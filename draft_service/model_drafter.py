@@ -1,7 +1,12 @@
-"""A small causal LM as the drafter, with a KV cache per session.
+"""A small causal LM as the drafter, on the same paged engine as the target.
 
-Each call names the full context; the drafter keeps the longest prefix it already has cached,
-rolls back the rest (the rejected drafts of the last round) and feeds only what is new. When
+Each session's KV lives in the drafter's block pool (`specdec.runtime.kv_pool`); every step of a
+batch is one ragged forward over all sessions still drafting (`specdec.runtime.ragged`). Each
+call names the full context; the drafter keeps the longest prefix it already holds, cuts the rest
+(the rejected drafts of the last round, which frees whole blocks) and feeds only what is new.
+A session whose blocks cannot be found drafts fewer tokens (none, if its context does not fit):
+drafts are proposals, never output. A session ended or evicted while its batch runs is freed
+when the batch ends, so no block is ever held by two sessions. When
 sampling, token i is drawn from the warped draft distribution q_i with the request's keyed noise
 at its absolute position, and q travels with the proposal for the acceptance test.
 
@@ -16,6 +21,7 @@ output depends on how the drafts were cut.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 
@@ -26,9 +32,9 @@ from specdec.core.acceptance import DraftProposal
 from specdec.core.rng import Stream
 from specdec.core.sampling import SamplingParams, warp
 from specdec.drafts.pruned_draft import warp_pruned
-from specdec.runtime.batching import batched_forward
-from specdec.runtime.kv_cache import SequenceCache, resume
+from specdec.runtime.kv_pool import KVBlockPool, KVShape, OutOfBlocks, PagedSession, common_prefix, default_budget
 from specdec.runtime.models import LoadedModel
+from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
 
 
 @dataclass
@@ -46,8 +52,9 @@ class ModelDrafter:
     def __init__(
         self,
         loaded: LoadedModel,
-        sessions: MutableMapping[str, SequenceCache] | None = None,
+        sessions: MutableMapping[str, PagedSession] | None = None,
         min_confidence: float | None = None,
+        kv_cache_bytes: int | None = None,
     ):
         if min_confidence is None:  # the draft's own (draft.json of a distilled draft), else off
             min_confidence = loaded.min_confidence
@@ -55,9 +62,17 @@ class ModelDrafter:
             raise ValueError(f"min_confidence must lie in [0, 1), got {min_confidence}")
         self.loaded = loaded
         self.min_confidence = min_confidence  # greedy drafts end before a token the draft gives less
-        # Any mapping works: the draft server passes a bounded store (LRU, TTL), where an evicted
-        # session is simply a cache miss that `resume` answers with a fresh prefill.
+        model = loaded.model
+        use_paged_attention(model)
+        weight = next(model.parameters())
+        budget = kv_cache_bytes if kv_cache_bytes is not None else default_budget(weight.device)
+        self.pool = KVBlockPool(KVShape.of(model.config), budget, weight.dtype, weight.device)
+        # Any mapping works: the draft server passes a bounded store (LRU, TTL) that calls
+        # `release` for what it drops, where an evicted session is simply a miss: a fresh prefill.
         self.sessions = sessions if sessions is not None else {}
+        self._lock = threading.Lock()
+        self._in_batch: set[int] = set()  # id() of the sessions the running batch uses
+        self._release_later: list[PagedSession] = []
         # A pruned-vocabulary draft (specdec.drafts.pruned_draft): warp only its own columns. Same q
         # (it is zero elsewhere either way), but top-p sorts 32,768 logits instead of 262,144.
         self._vocab_ids = getattr(loaded.model.get_output_embeddings(), "vocab_ids", None)
@@ -67,47 +82,90 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def propose_batch(self, items: Sequence[ProposeItem]) -> list[DraftProposal]:
-        """Draft for several sessions at once: step j runs one batched forward over every session
+        """Draft for several sessions at once: step j runs one ragged forward over every session
         that still wants a j-th token. Per-session results equal one-at-a-time results."""
         proposals = [DraftProposal([], source="model") for _ in items]
         rows: list[list[torch.Tensor]] = [[] for _ in items]
         active = [i for i, item in enumerate(items) if item.k > 0]
-        feeds = {}
-        sessions = {}
-        for i in active:
-            tokens = list(items[i].tokens)
-            sessions[i], keep = resume(self.sessions, items[i].session_id, self.loaded.model, tokens)
-            feeds[i] = tokens[keep:]
-        step = 0
-        while active:
-            logits = batched_forward(self.loaded.model, [(sessions[i], feeds[i]) for i in active], [1] * len(active))
-            unsure = set()
-            for i, row in zip(active, logits):
-                item = items[i]
-                if item.sampling.greedy:
-                    token = int(torch.argmax(row[-1]))
-                    if self.min_confidence > 0.0 and self._confidence(row[-1], token) < self.min_confidence:
-                        unsure.add(i)  # this token and any after it stay undrafted
-                        continue
-                else:
-                    q = (
-                        warp(row[-1], item.sampling)
-                        if self._vocab_ids is None
-                        else warp_pruned(row[-1], item.sampling, self._vocab_ids)
-                    )  # (vocab,)
-                    token = rng.sample(q, item.sampling.seed, len(item.tokens) + step, Stream.DRAFT)
-                    rows[i].append(q)
-                proposals[i].token_ids.append(token)
-                feeds[i] = [token]
-            step += 1
-            # The last draft token's own logits are never needed, so it is not fed.
-            active = [i for i in active if items[i].k > step and i not in unsure]
+        sessions = {i: self._resume(items[i].session_id, list(items[i].tokens)) for i in active}
+        feeds = {i: list(items[i].tokens)[len(sessions[i].tokens) :] for i in active}
+        try:
+            step = 0
+            while active:
+                active = [i for i in active if self._grow(sessions[i], feeds[i])]
+                if not active:
+                    break
+                passes = [Row(sessions[i].table, feeds[i], 1) for i in active]
+                logits = ragged_forward(self.loaded.model, self.pool, passes)  # (len(active), vocab)
+                unsure = set()
+                for i, row in zip(active, logits):
+                    item = items[i]
+                    if item.sampling.greedy:
+                        token = int(torch.argmax(row))
+                        if self.min_confidence > 0.0 and self._confidence(row, token) < self.min_confidence:
+                            unsure.add(i)  # this token and any after it stay undrafted
+                            continue
+                    else:
+                        q = (
+                            warp(row, item.sampling)
+                            if self._vocab_ids is None
+                            else warp_pruned(row, item.sampling, self._vocab_ids)
+                        )  # (vocab,)
+                        token = rng.sample(q, item.sampling.seed, len(item.tokens) + step, Stream.DRAFT)
+                        rows[i].append(q)
+                    proposals[i].token_ids.append(token)
+                    feeds[i] = [token]
+                step += 1
+                # The last draft token's own logits are never needed, so it is not fed.
+                active = [i for i in active if items[i].k > step and i not in unsure]
+        finally:
+            self._end_batch(items, sessions)
         for proposal, q_rows in zip(proposals, rows):
             if q_rows:
                 proposal.draft_probs = torch.stack(q_rows)  # (k, vocab)
-        # No trim here: sliding layers keep this burst until the next call's rollback drops the
-        # rejected drafts, which they could not do once trimmed to their window.
         return proposals
+
+    def _resume(self, session_id: str, tokens: list[int]) -> PagedSession:
+        """The session cut back to what it shares with `tokens`, leaving out at least the last
+        token (its logits are the first draft's). An unknown session starts empty."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = PagedSession()
+            self.sessions[session_id] = session
+        with self._lock:
+            self._in_batch.add(id(session))
+        keep = min(common_prefix(session.tokens, tokens), len(tokens) - 1)
+        self.pool.truncate(session.table, keep)
+        del session.tokens[keep:]
+        return session
+
+    def _grow(self, session: PagedSession, feed: list[int]) -> bool:
+        try:
+            self.pool.grow(session.table, session.table.length + len(feed))
+        except OutOfBlocks:
+            return False  # no room: this session drafts what it has so far
+        session.tokens.extend(feed)
+        return True
+
+    def _end_batch(self, items: Sequence[ProposeItem], sessions: dict[int, PagedSession]) -> None:
+        """Free what left during the batch: sessions ended or evicted meanwhile, and those the
+        mapping would not keep (evicted before they were stored)."""
+        with self._lock:
+            self._in_batch.clear()
+            later, self._release_later = self._release_later, []
+        for session in later:
+            self.pool.release(session.table)
+        for i, session in sessions.items():
+            if self.sessions.get(items[i].session_id) is not session and all(s is not session for s in later):
+                self.pool.release(session.table)
+
+    def release(self, session: PagedSession) -> None:
+        """Return a dropped session's blocks (now, or when the batch using it ends)."""
+        with self._lock:
+            if id(session) in self._in_batch:
+                self._release_later.append(session)
+                return
+        self.pool.release(session.table)
 
     @staticmethod
     def _confidence(logits: torch.Tensor, token: int) -> float:
@@ -115,4 +173,6 @@ class ModelDrafter:
         return float(torch.exp(logits[token].float() - torch.logsumexp(logits.float(), dim=-1)))
 
     def end_session(self, session_id: str) -> None:
-        self.sessions.pop(session_id, None)
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            self.release(session)

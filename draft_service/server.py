@@ -252,7 +252,6 @@ def load_core(config: ServerConfig) -> DraftCore:
     from specdec.drafts.loading import load_model
 
     inner = parse_spec(config.draft_model)  # "hybrid:SPEC": n-gram rounds where the context repeats
-    # CPU only for now: batched_forward and the keyed sampler build their tensors on the CPU.
     return DraftCore(
         load_model(inner or config.draft_model), config.draft, hybrid=None if inner is None else HybridConfig()
     )

@@ -37,7 +37,7 @@ from specdec.draft_service.ngram import NgramDrafter
 if TYPE_CHECKING:  # transformers takes seconds to import; an n-gram replica never needs it
     from specdec.draft_service.hybrid import HybridConfig, HybridDrafter
     from specdec.draft_service.model_drafter import ModelDrafter, ProposeItem
-    from specdec.runtime.kv_cache import SequenceCache
+    from specdec.runtime.kv_pool import PagedSession
     from specdec.runtime.models import LoadedModel
 
 
@@ -88,7 +88,7 @@ class ProposeResult:
 @dataclass
 class DraftSession:
     tokens: list[int]  # the committed context this replica was last sent
-    cache: SequenceCache | None = None  # model drafter only; its tokens run k-1 drafts past `tokens`
+    cache: PagedSession | None = None  # model drafter only; its tokens run k-1 drafts past `tokens`
 
 
 def _positions(session: DraftSession) -> int:
@@ -140,8 +140,17 @@ class DraftCore:
             self.ngram = NgramDrafter()
         else:
             from specdec.draft_service.model_drafter import ModelDrafter
+            from specdec.runtime.kv_pool import BLOCK_SIZE, KVShape
 
-            self.model = ModelDrafter(loaded, sessions=_CacheView(self.store), min_confidence=config.min_confidence)
+            # The pool holds what the store may keep (max_cached_tokens), plus each session's last
+            # part-filled block and a batch's drafts beyond it before the store trims to fit.
+            positions = config.max_cached_tokens + (config.max_sessions + config.max_batch) * BLOCK_SIZE
+            dtype = next(loaded.model.parameters()).dtype
+            kv_bytes = positions * KVShape.of(loaded.model.config).bytes_per_token(dtype)
+            model = self.model = ModelDrafter(
+                loaded, sessions=_CacheView(self.store), min_confidence=config.min_confidence, kv_cache_bytes=kv_bytes
+            )
+            self.store.on_remove = lambda session: session.cache is not None and model.release(session.cache)
             if hybrid is not None:
                 from specdec.draft_service.hybrid import HybridDrafter
 
@@ -314,7 +323,8 @@ class DraftCore:
 
     def _drop_cache(self, session_id: str) -> None:
         session = self.store.get(session_id)
-        if session is not None:
+        if session is not None and session.cache is not None:
+            self.model.release(session.cache)
             session.cache = None
             self.store.resize(session_id)
 
@@ -337,19 +347,19 @@ def _export_store(store: SessionStore) -> None:
     metrics.CACHE_TOKENS.set_function(lambda: held("tokens"))
 
 
-class _CacheView(MutableMapping[str, "SequenceCache"]):
+class _CacheView(MutableMapping[str, "PagedSession"]):
     """The store seen as the `sessions` mapping `ModelDrafter` expects: session id -> KV cache."""
 
     def __init__(self, store: SessionStore[DraftSession]):
         self.store = store
 
-    def __getitem__(self, session_id: str) -> SequenceCache:
+    def __getitem__(self, session_id: str) -> PagedSession:
         session = self.store[session_id]
         if session.cache is None:
             raise KeyError(session_id)
         return session.cache
 
-    def __setitem__(self, session_id: str, cache: SequenceCache) -> None:
+    def __setitem__(self, session_id: str, cache: PagedSession) -> None:
         session = self.store.get(session_id)
         if session is None:
             # Evicted since the call began: the drafter still holds this cache for the call, then it

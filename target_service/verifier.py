@@ -19,7 +19,7 @@ read back in one host sync.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -33,8 +33,7 @@ from specdec.core.acceptance import (
 )
 from specdec.core.sampling import SamplingParams, warp
 from specdec.core.session_store import SessionStore
-from specdec.runtime.kv_cache import common_prefix
-from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape, default_budget
+from specdec.runtime.kv_pool import KVBlockPool, KVShape, PagedSession, common_prefix, default_budget
 from specdec.runtime.models import LoadedModel
 from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
 
@@ -47,14 +46,6 @@ class VerifyItem:
     tokens: Sequence[int]  # the committed sequence (prompt + generated)
     proposal: DraftProposal  # k drafts to check (k may be 0)
     sampling: SamplingParams
-
-
-@dataclass
-class PagedSession:
-    """A block table and exactly the tokens whose positions it holds."""
-
-    table: BlockTable = field(default_factory=BlockTable)
-    tokens: list[int] = field(default_factory=list)
 
 
 class ItemRejected(ValueError):

@@ -79,6 +79,12 @@ def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
 
     _add_model_flags(p)
     p.add_argument("--target-replicas", type=int, default=1, help="target actors on the local Ray (default 1)")
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=flag_types.byte_size,
+        default=None,
+        help="each target actor's KV block pool, e.g. 4GiB (default: a quarter of free RAM, 90%% of free GPU memory)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="the coordinator's address (default 127.0.0.1)")
     p.add_argument(
         "--port",
@@ -288,6 +294,7 @@ def _stack_config(args, error):
         target_model=args.target_model,
         draft_model=resolve_drafter(args.draft_model, args.target_model),
         target_replicas=args.target_replicas,
+        kv_cache_bytes=args.kv_cache_bytes,
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,
         server=server_config(args),

@@ -62,6 +62,11 @@ def uniforms(keys: Sequence[int], device: torch.device | str = "cpu") -> torch.T
     same hash runs on Python ints (a few rows: cheaper than a dozen tensor ops each)."""
     if torch.device(device).type == "cpu":
         return torch.tensor([_uniform_int(k) for k in keys], dtype=torch.float64)
+    return _uniforms_tensor(keys, device)
+
+
+def _uniforms_tensor(keys: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """`uniforms` with tensor ops on `device`: the same bits as on the host."""
     halves = torch.tensor([[k & _MASK32, (k >> 32) & _MASK32] for k in keys], dtype=torch.int64).to(device)
     high = _fmix32(_fmix32(halves[:, 0] ^ _GOLDEN32) ^ halves[:, 1])
     low = _fmix32(high ^ halves[:, 0])

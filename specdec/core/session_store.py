@@ -76,7 +76,7 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
     def __setitem__(self, key: str, value: V) -> None:
         with self._lock:
             self._expire()
-            self._remove(key)
+            self._remove(key, notify=self.peek(key) is not value)  # storing the same value again frees nothing
             size = self._size(value)
             self._entries[key] = (value, size, self._clock())
             self._total += size
@@ -143,11 +143,11 @@ class SessionStore(MutableMapping[str, V], Generic[V]):
             self.evicted.pressure += 1
             return True
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str, notify: bool = True) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
             self._total -= entry[1]
-            if self.on_remove is not None:
+            if notify and self.on_remove is not None:
                 self.on_remove(entry[0])
 
     def _expire(self) -> None:

@@ -32,6 +32,7 @@ class StackConfig:
     target_model: str | None = None  # load_model spec; None = the embedded default
     draft_model: str = "ngram"  # the draft server's model, or "ngram" (prompt lookup, no model)
     target_replicas: int = 1  # target actors on the local Ray
+    kv_cache_bytes: int | None = None  # each actor's KV block pool; None: the actor's default
     pool_name: str = PREFIX  # actors are <pool_name>-0 .. -(n-1)
     namespace: str = NAMESPACE
     trace_file: str | None = None  # every part appends its finished spans here (JSON lines)
@@ -89,7 +90,11 @@ class LocalStack:
             cpus = int(ray.available_resources().get("CPU", 1))
         # The machine's cores shared out over the actors: each runs its matmuls on its share.
         actor = ActorConfig(
-            target_model=c.target_model, cpus=max(1, cpus // c.target_replicas), metrics_port=0, trace_file=c.trace_file
+            target_model=c.target_model,
+            cpus=max(1, cpus // c.target_replicas),
+            kv_cache_bytes=c.kv_cache_bytes,
+            metrics_port=0,
+            trace_file=c.trace_file,
         )
         self.actor_names = await asyncio.to_thread(launch, actor, c.target_replicas, c.pool_name, c.namespace)
         pool = TargetPool(PoolConfig(prefix=c.pool_name, namespace=c.namespace))

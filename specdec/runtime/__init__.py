@@ -1,5 +1,5 @@
-"""The model runtime: checkpoint loading, per-session KV caches, the batched forward and the
-CPU kernels, and tiny random models for tests."""
+"""The model runtime: checkpoint loading, the KV block pool, the ragged batched forward with
+paged attention, the CPU kernels, and tiny random models for tests."""
 
 from specdec._exports import lazy_exports
 
@@ -9,9 +9,9 @@ _EXPORTS = {
     "load_checkpoint_tokenizer": "models",
     "prepare_checkpoint": "models",
     "cache_dir": "models",
-    "SequenceCache": "kv_cache",
-    "rollback": "kv_cache",
-    "batched_forward": "batching",
+    "KVBlockPool": "kv_pool",
+    "PagedSession": "kv_pool",
+    "ragged_forward": "ragged",
     "make_tiny_model": "tiny",
 }
 __all__ = sorted(_EXPORTS)

@@ -17,12 +17,23 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PretrainedConfig
 
 BLOCK_SIZE = 16  # positions per block (vLLM's default too)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share: what a session keeps of a new context."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class OutOfBlocks(RuntimeError):
@@ -35,6 +46,14 @@ class BlockTable:
 
     blocks: list[int] = field(default_factory=list)
     length: int = 0
+
+
+@dataclass
+class PagedSession:
+    """A block table and exactly the tokens whose positions it holds."""
+
+    table: BlockTable = field(default_factory=BlockTable)
+    tokens: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -65,17 +84,22 @@ class KVBlockPool:
         block_size: int = BLOCK_SIZE,
     ):
         self.shape, self.dtype, self.device, self.block_size = shape, dtype, torch.device(device), block_size
-        self.num_blocks = budget_bytes // (shape.bytes_per_token(dtype) * block_size)
+        # Block 0 is the null block, zeroed and never handed out: attention's padded key slots read
+        # it. Storage is torch.empty, and stale bits there could be NaN, which a mask's -inf does
+        # not cancel (NaN - inf is NaN) and would spread over the whole row.
+        self.num_blocks = budget_bytes // (shape.bytes_per_token(dtype) * block_size) - 1  # usable
         if self.num_blocks < 1:
             raise ValueError(
                 f"a KV budget of {budget_bytes} bytes holds no block of {block_size} positions "
-                f"({shape.bytes_per_token(dtype)} bytes each)"
+                f"({shape.bytes_per_token(dtype)} bytes each) beside the null block"
             )
-        slots = self.num_blocks * block_size
+        slots = (self.num_blocks + 1) * block_size
         # torch.empty: on a CPU, pages are committed as blocks are first written.
         self.keys = [self._storage(slots) for _ in range(shape.layers)]
         self.values = [self._storage(slots) for _ in range(shape.layers)]
-        self._free = list(range(self.num_blocks - 1, -1, -1))  # a stack: low blocks handed out first
+        for storage in self.keys + self.values:
+            storage[:block_size].zero_()
+        self._free = list(range(self.num_blocks, 0, -1))  # a stack: low blocks handed out first
         # The engine's thread grows and cuts tables while another may end a session (an actor's
         # event loop, a TTL expiry during a metrics scrape): the free list changes under a lock.
         self._lock = threading.Lock()

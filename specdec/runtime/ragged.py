@@ -13,8 +13,8 @@ transformers attention function (`specdec_paged`) that, per layer:
 
 Rows are grouped so attention does not pad a short row to a prefill's length: rows of at most
 `_SHORT` new tokens (decode and verify) share one batched attention, padded to the longest
-context among them; each longer row (a prefill chunk) attends alone. Padded query rows see key 0
-only, so no softmax row is empty (a NaN there would not leak, but costs nothing to avoid).
+context among them; each longer row (a prefill chunk) attends alone. Padded keys read the pool's
+null block (zeros) and are masked; padded query rows see key 0 only, so no softmax row is empty.
 
 A model switched to `specdec_paged` still runs normally (SDPA with transformers' masks) when a
 forward carries no pass layout: the draft tier, references in tests and HF `generate` share it.
@@ -53,7 +53,7 @@ class _Group:
     gathered from the pool into (B, C), both padded."""
 
     query_index: torch.Tensor  # (B * N,) packed index of each padded query (pads: 0)
-    slots: torch.Tensor  # (B * C,) pool slot of each padded key (pads: 0)
+    slots: torch.Tensor  # (B * C,) pool slot of each padded key (pads: slot 0, in the null block)
     query_pos: torch.Tensor  # (B, N, 1) position of each query (pads: 0)
     key_len: torch.Tensor  # (B, 1, 1) positions each row holds after this pass
     valid: torch.Tensor  # (M,) flat (B * N) index of each real query, in packed order

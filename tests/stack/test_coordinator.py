@@ -31,7 +31,7 @@ from specdec.draft_service.server import DraftServer
 from specdec.draft_service.service import DraftCore
 from specdec.local.in_process import build_engine
 from specdec.target_service.actor import ActorConfig
-from specdec.target_service.pool import PoolConfig, TargetPool, launch
+from specdec.target_service.pool import PoolConfig, TargetOverloaded, TargetPool, launch
 from specdec.v1 import common_pb2, generation_pb2_grpc
 from specdec.v1 import generation_pb2 as pb
 
@@ -252,6 +252,25 @@ def test_beyond_max_inflight_is_resource_exhausted():
             loop.loop.call_soon_threadsafe(engine.release.set)
             assert first.result().token_ids == [7] and second.result().text == "x"
             assert stub.Generate(_request(), timeout=30).token_ids == [7]  # room again
+
+
+def test_a_full_target_tier_is_resource_exhausted_not_internal():
+    """Every actor's queue full: the pool raises TargetOverloaded, and the caller is told to back
+    off (RESOURCE_EXHAUSTED), as with the coordinator's own max_inflight."""
+
+    class FullTier:
+        target = GatedEngine().target
+
+        async def stream(self, request):
+            raise TargetOverloaded("all 2 target actors have full queues")
+            yield  # an async generator, as the engine's stream is
+
+    with serving(FullTier()) as (_, server):
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Generate(_request(), timeout=30)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "full queues" in info.value.details()
 
 
 # --- health, reflection, the CLI ----------------------------------------------------------------------------

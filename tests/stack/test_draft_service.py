@@ -238,7 +238,8 @@ def test_lost_session_is_recovered_with_unchanged_output(tiny, drafter, event):
 
 
 def test_rolling_back_past_the_sliding_window_drafts_like_a_fresh_session(tiny):
-    """Gemma 3's sliding layers (window 8) cannot drop 30 positions: the drafter prefills."""
+    """Rolling back 30 positions, far past Gemma 3's sliding window of 8, drafts what a fresh
+    session drafts (the block pool keeps every position of every layer)."""
     context = [(7 * i) % 250 for i in range(40)]
     other = [200, 201, 202]
 
@@ -379,6 +380,27 @@ def test_a_call_that_arrives_expired_does_no_work():
     with pytest.raises(DeadlineExpired):
         asyncio.run(core.propose(call))
     assert core.stats.calls == 0 and "s" not in core.store
+
+
+def test_the_draft_models_kv_blocks_return_when_sessions_end_or_are_evicted(tiny):
+    """max_sessions 2 over three sessions: the evicted one's blocks come back, ending the others
+    returns the rest, and every call drafted."""
+    core = DraftCore(tiny("llama", DRAFT_SEED), DraftConfig(max_sessions=2))
+    pool = core.model.pool
+
+    async def calls():
+        for i, session in enumerate(("a", "b", "c")):
+            call = ProposeCall(session, 0, [*PROMPT, i] * 4, 4, SamplingParams())
+            assert (await core.propose(call)).proposal.token_ids
+        assert "a" not in core.store and pool.used_blocks > 0
+        held = sum(len(core.store.peek(s).cache.table.blocks) for s in ("b", "c"))
+        assert pool.used_blocks == held  # a's blocks are free again
+        core.end_session("b")
+        core.end_session("c")
+        assert pool.used_blocks == 0
+        await core.close()
+
+    asyncio.run(calls())
 
 
 # --- health, reflection, draining, the process -----------------------------------------------------

@@ -186,3 +186,14 @@ def test_bad_sampling_params_name_the_field(params, field):
     with pytest.raises(ValueError) as info:
         params.validate()
     assert info.value.field == field
+
+
+def test_keyed_uniforms_are_the_same_bits_on_the_host_and_in_tensor_ops():
+    """A GPU computes the keyed uniforms with int64 tensor ops; the host with Python ints. Both
+    give the same 53 bits, so a seed means the same draws wherever a round is verified."""
+    keys = [
+        rng.key(seed, position, stream) for seed in (0, 7, 2**63 + 5) for position in range(300) for stream in Stream
+    ]
+    host = rng.uniforms(keys)
+    assert torch.equal(rng._uniforms_tensor(keys, "cpu"), host)
+    assert bool((host > 0).all() and (host < 1).all()) and len(set(host.tolist())) == len(keys)

@@ -76,3 +76,22 @@ def test_delete_pop_and_bounds_validation():
     for bad in ({"max_sessions": 0}, {"max_tokens": -1}, {"ttl_s": 0}):
         with pytest.raises(ValueError):
             SessionStore(**bad)
+
+
+def test_pinned_sessions_are_never_evicted_and_removals_are_seen():
+    removed = []
+    store = SessionStore(max_sessions=2, size=len)
+    store.on_remove = removed.append
+    store["a"], store["b"] = [1], [2]
+    store.pinned = {"a", "b"}
+    assert not store.has_room("c") and store.has_room("a")  # full of pinned sessions
+    assert not store.evict_one()
+    store.pinned = {"b"}
+    assert store.has_room("c")
+    assert store.evict_one() and removed == [[1]] and store.evicted.pressure == 1
+    value = store["b"]
+    store["b"] = value  # storing the same value again frees nothing
+    assert removed == [[1]]
+    store["b"] = [3]  # a new value: the old one is gone
+    del store["b"]
+    assert removed == [[1], [2], [3]]
