@@ -1,5 +1,5 @@
-"""Linear layers computed the way the CPU is fast at: y = (W @ x^T)^T for one or two rows, and
-oneDNN's GEMM on a packed weight from three rows on.
+"""Linear layers computed the way the CPU is fast at: oneDNN's GEMM on a weight packed at load
+time, and y = (W @ x^T)^T where packing is off or cannot serve.
 
 A causal LM's last step maps each kept position's hidden state h (d) onto the vocabulary with
 W (vocab x d): for Gemma 3 270M that is 262,144 x 640 fp32 (671 MB), most of a decode step.
@@ -8,10 +8,10 @@ With few rows the product is a read of W, and `W @ h^T` reads it faster than the
 2-column product of the row with itself, as fast as two. The decoder layers' projections gain
 the same way.
 
-From three rows on the product is compute-bound, and oneDNN's GEMM on a weight packed once into
-its blocked layout (`torch.ops.mkldnn`, what torch.compile uses on CPUs) is faster still: a
-verify pass with 2-8 drafts costs 1.1-1.3 decode steps against 1.2-2.7 as columns, and that pass
-is most of what speculation costs on a CPU. The packed copy is a second copy of each weight (the
+oneDNN's GEMM on a weight packed once into its blocked layout (`torch.ops.mkldnn`, what
+torch.compile uses on CPUs) is faster still: a verify pass with 2-8 drafts costs 1.1-1.3 decode
+steps against 1.2-2.7 as columns, and that pass is most of what speculation costs on a CPU; from
+how many rows it serves is `_PACKED_MIN_ROWS` (measured below). The packed copy is a second copy of each weight (the
 embedded target: 1.07 GB more), made at load time; `SPECDEC_PACKED_LINEAR=0` turns it off.
 Autograd (training) and other devices and dtypes use columns. Values differ from `F.linear` by
 float rounding only.
@@ -33,10 +33,12 @@ from transformers import PreTrainedModel
 # Causal LMs whose forward is: base model -> keep rows -> lm_head (-> optional final softcap).
 _KNOWN = {"llama", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "mistral", "qwen2", "qwen3", "phi3"}
 _MAX_COLUMN_ROWS = 64  # beyond, F.linear's GEMM kernels are the better choice again
-# With 1-2 rows a product is a read of W, and columns read it faster than oneDNN does in a whole
-# forward (weights cold in cache: 54 against 60 ms a decode step; a single matrix timed alone, hot
-# in cache, says the opposite for the layers). From 3 rows on oneDNN wins.
-_PACKED_MIN_ROWS = 3
+# From how many rows oneDNN's packed GEMM serves a layer (columns below). Measured in whole
+# passes, interleaved in one process, on the embedded target: packed from one row decoded at
+# 1.12-1.36x the tokens/s of columns at 1-2 rows (a one-row pass 64.6 against 127.4 ms on 2
+# threads), with identical output. An earlier machine measured the opposite (columns 54 against
+# 60 ms a decode step), so the choice is the hardware's: 3 restores columns for 1-2 rows.
+_PACKED_MIN_ROWS = 1
 _PACK_BATCH_HINT = 5  # rows oneDNN packs for: a verify pass with 4 drafts (10% faster than none)
 
 
