@@ -114,16 +114,23 @@ class TargetPool:
                 carrier,
             )
             ref = self.actors[placement.actor].verify.remote(request)
+            answer = asyncio.ensure_future(_future(ref))
             try:
-                reply = await asyncio.wait_for(asyncio.shield(_future(ref)), self.config.verify_timeout_s)
+                # asyncio.wait, not wait_for: Python 3.11's wait_for returns a result that lands
+                # with a cancellation and swallows the cancellation, so a cancelled request
+                # would go on generating.
+                done, _ = await asyncio.wait({answer}, timeout=self.config.verify_timeout_s)
             except asyncio.CancelledError:
                 self._abandoned[session_id] = ref
                 raise
-            except TimeoutError:
+            if not done:  # a stalled actor: the session moves, its context goes with it
                 ray.cancel(ref)
                 self._move(session_id, placement.actor)
                 continue
-            except _ACTOR_ERRORS:
+            reply = answer.result()
+            if isinstance(reply, _Failed):
+                if not isinstance(reply.error, _ACTOR_ERRORS):
+                    raise reply.error
                 self._failed(session_id, placement)
                 await asyncio.sleep(self.config.backoff_s)
                 continue
@@ -220,7 +227,17 @@ def _load_score(load: dict) -> float:
 
 
 async def _future(ref: ray.ObjectRef):
-    return await ref
+    """The reply, or the actor's failure as a value, so an answer nobody awaits any more (its
+    caller was cancelled or moved on) is never an unretrieved exception."""
+    try:
+        return await ref
+    except Exception as error:  # noqa: BLE001 - re-raised by whoever reads the result
+        return _Failed(error)
+
+
+@dataclass
+class _Failed:
+    error: Exception
 
 
 def actor_names(prefix: str, namespace: str) -> list[str]:
