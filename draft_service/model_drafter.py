@@ -32,9 +32,9 @@ from specdec.core.acceptance import DraftProposal
 from specdec.core.rng import Stream
 from specdec.core.sampling import SamplingParams, warp
 from specdec.drafts.pruned_draft import warp_pruned
-from specdec.runtime.kv_pool import KVBlockPool, KVShape, OutOfBlocks, PagedSession, common_prefix, default_budget
+from specdec.runtime.kv_pool import OutOfBlocks, PagedSession
 from specdec.runtime.models import LoadedModel
-from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
+from specdec.runtime.ragged import Row, paged_pool, ragged_forward
 
 
 @dataclass
@@ -62,11 +62,7 @@ class ModelDrafter:
             raise ValueError(f"min_confidence must lie in [0, 1), got {min_confidence}")
         self.loaded = loaded
         self.min_confidence = min_confidence  # greedy drafts end before a token the draft gives less
-        model = loaded.model
-        use_paged_attention(model)
-        weight = next(model.parameters())
-        budget = kv_cache_bytes if kv_cache_bytes is not None else default_budget(weight.device)
-        self.pool = KVBlockPool(KVShape.of(model.config), budget, weight.dtype, weight.device)
+        self.pool = paged_pool(loaded.model, kv_cache_bytes)
         # Any mapping works: the draft server passes a bounded store (LRU, TTL) that calls
         # `release` for what it drops, where an evicted session is simply a miss: a fresh prefill.
         self.sessions = sessions if sessions is not None else {}
@@ -87,7 +83,7 @@ class ModelDrafter:
         proposals = [DraftProposal([], source="model") for _ in items]
         rows: list[list[torch.Tensor]] = [[] for _ in items]
         active = [i for i, item in enumerate(items) if item.k > 0]
-        sessions = {i: self._resume(items[i].session_id, list(items[i].tokens)) for i in active}
+        sessions = {i: self._resume(items[i].session_id, items[i].tokens) for i in active}
         feeds = {i: list(items[i].tokens)[len(sessions[i].tokens) :] for i in active}
         try:
             step = 0
@@ -125,7 +121,7 @@ class ModelDrafter:
                 proposal.draft_probs = torch.stack(q_rows)  # (k, vocab)
         return proposals
 
-    def _resume(self, session_id: str, tokens: list[int]) -> PagedSession:
+    def _resume(self, session_id: str, tokens: Sequence[int]) -> PagedSession:
         """The session cut back to what it shares with `tokens`, leaving out at least the last
         token (its logits are the first draft's). An unknown session starts empty."""
         session = self.sessions.get(session_id)
@@ -134,17 +130,14 @@ class ModelDrafter:
             self.sessions[session_id] = session
         with self._lock:
             self._in_batch.add(id(session))
-        keep = min(common_prefix(session.tokens, tokens), len(tokens) - 1)
-        self.pool.truncate(session.table, keep)
-        del session.tokens[keep:]
+        self.pool.resume(session, tokens)
         return session
 
     def _grow(self, session: PagedSession, feed: list[int]) -> bool:
         try:
-            self.pool.grow(session.table, session.table.length + len(feed))
+            self.pool.extend(session, feed)
         except OutOfBlocks:
             return False  # no room: this session drafts what it has so far
-        session.tokens.extend(feed)
         return True
 
     def _end_batch(self, items: Sequence[ProposeItem], sessions: dict[int, PagedSession]) -> None:

@@ -270,27 +270,25 @@ class _Round:
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     settled: bool = False  # set at once in the worker thread; the future follows on the loop
 
-    def settle(self, reply: VerifyReply, error: Exception | None = None) -> None:
+    def settle(self, reply: VerifyReply | None, error: Exception | None = None) -> None:
+        """Answer `reply`, or raise `error` to the caller when there is no reply; either way the
+        round's span records the error and ends."""
         self.settled = True
         if self.span is not None:
             if error is not None:
                 self.span.record_exception(error)
             self.span.end()
-        self.loop.call_soon_threadsafe(_set, self.future, reply, None)
+            self.span = None
+        self.loop.call_soon_threadsafe(_set, self.future, reply, error)
 
     def fail(self, error: Exception) -> None:
-        self.settled = True
-        if self.span is not None:
-            self.span.record_exception(error)
-            self.span.end()
-            self.span = None
-        self.loop.call_soon_threadsafe(_set, self.future, None, error)
+        self.settle(None, error)
 
 
 def _set(future: asyncio.Future, reply: VerifyReply | None, error: Exception | None) -> None:
     if future.done():
         return
-    if error is not None:
+    if reply is None:
         future.set_exception(error)
     else:
         future.set_result(reply)

@@ -33,9 +33,9 @@ from specdec.core.acceptance import (
 )
 from specdec.core.sampling import SamplingParams, warp
 from specdec.core.session_store import SessionStore
-from specdec.runtime.kv_pool import KVBlockPool, KVShape, PagedSession, common_prefix, default_budget
+from specdec.runtime.kv_pool import PagedSession
 from specdec.runtime.models import LoadedModel
-from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
+from specdec.runtime.ragged import Row, paged_pool, ragged_forward
 
 DEFAULT_PASS_TOKENS = 256  # new tokens per pass: a prefill beyond it goes in chunks
 
@@ -61,13 +61,9 @@ class TargetVerifier:
         pass_tokens: int = DEFAULT_PASS_TOKENS,
     ):
         self.loaded = loaded
-        model = loaded.model
-        use_paged_attention(model)
-        weight = next(model.parameters())
-        budget = kv_cache_bytes if kv_cache_bytes is not None else default_budget(weight.device)
-        self.pool = KVBlockPool(KVShape.of(model.config), budget, weight.dtype, weight.device)
+        self.pool = paged_pool(loaded.model, kv_cache_bytes)
         self.pass_tokens = pass_tokens
-        self._vocab_in = model.get_input_embeddings().num_embeddings
+        self._vocab_in = loaded.model.get_input_embeddings().num_embeddings
         # Unbounded unless the owner passes a bounded store (the actor does: LRU, TTL, tokens).
         self.sessions = sessions if sessions is not None else SessionStore(size=cached_tokens)
         self.sessions.on_remove = lambda session: self.pool.release(session.table)
@@ -164,9 +160,8 @@ class TargetVerifier:
             new, final = context[session.table.length :][: min(budget, len(context) - 1 - session.table.length)], False
             if not new:
                 return None
-        if not self._reserve(session, session.table.length + len(new)):
+        if not self._reserve(session, new):
             return None
-        session.tokens.extend(new)
         return session, new, final
 
     def _resume(self, session_id: str, context: list[int]) -> PagedSession:
@@ -175,18 +170,16 @@ class TargetVerifier:
         session = self.sessions.get(session_id)
         if session is None:
             session = self.sessions[session_id] = PagedSession()
-        keep = min(common_prefix(session.tokens, context), len(context) - 1)
-        self.pool.truncate(session.table, keep)
-        del session.tokens[keep:]
+        self.pool.resume(session, context)
         return session
 
-    def _reserve(self, session: PagedSession, length: int) -> bool:
-        """Grow the session's table to `length`, preempting sessions outside the pass (least
-        recently used first) while blocks are short; False when that is not enough."""
-        while self.pool.blocks_needed(session.table, length) > self.pool.free_blocks:
+    def _reserve(self, session: PagedSession, new: list[int]) -> bool:
+        """Extend the session by `new`, preempting sessions outside the pass (least recently
+        used first) while blocks are short; False when that is not enough."""
+        while self.pool.blocks_needed(session.table, session.table.length + len(new)) > self.pool.free_blocks:
             if not self.sessions.evict_one():
                 return False
-        self.pool.grow(session.table, length)
+        self.pool.extend(session, new)
         return True
 
     def _decide(self, items, finals, logits: torch.Tensor, results) -> None:
@@ -216,8 +209,7 @@ class TargetVerifier:
                 else resolve_sampled(mine, item.proposal)
             )
             rejected = len(item.proposal.token_ids) - result.num_accepted
-            self.pool.truncate(session.table, session.table.length - rejected)
-            del session.tokens[len(session.tokens) - rejected :]
+            self.pool.cut(session, session.table.length - rejected)
             self.sessions.resize(item.session_id)  # count its size now; evict others to fit
             results[i] = result
 

@@ -146,6 +146,22 @@ class KVBlockPool:
     def release(self, table: BlockTable) -> None:
         self.truncate(table, 0)
 
+    def resume(self, session: PagedSession, tokens: Sequence[int]) -> None:
+        """Cut `session` back to what it shares with `tokens`, leaving out at least the last token
+        (its logits are the ones the caller needs)."""
+        self.cut(session, min(common_prefix(session.tokens, tokens), len(tokens) - 1))
+
+    def extend(self, session: PagedSession, tokens: Sequence[int]) -> None:
+        """Give `session` the blocks for `tokens` more positions and count them; all or nothing
+        (OutOfBlocks)."""
+        self.grow(session.table, session.table.length + len(tokens))
+        session.tokens.extend(tokens)
+
+    def cut(self, session: PagedSession, length: int) -> None:
+        """Keep the session's first `length` positions and tokens."""
+        self.truncate(session.table, length)
+        del session.tokens[length:]
+
     def slots(self, table: BlockTable, start: int, end: int) -> list[int]:
         """The storage slots of positions start..end-1 of `table`."""
         size, blocks = self.block_size, table.blocks

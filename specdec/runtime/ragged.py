@@ -30,7 +30,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from specdec.runtime.kv_pool import BlockTable, KVBlockPool
+from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape, default_budget
 from specdec.runtime.projection import forward_logits
 
 IMPLEMENTATION = "specdec_paged"
@@ -188,3 +188,12 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 def use_paged_attention(model: PreTrainedModel) -> None:
     """Switch `model` to `specdec_paged` (it behaves as SDPA in forwards without a pass layout)."""
     model.set_attn_implementation(IMPLEMENTATION)
+
+
+def paged_pool(model: PreTrainedModel, kv_cache_bytes: int | None) -> KVBlockPool:
+    """`model` switched to paged attention, and a block pool for it on its device and dtype:
+    `kv_cache_bytes`, or `default_budget` for that device when None."""
+    use_paged_attention(model)
+    weight = next(model.parameters())
+    budget = kv_cache_bytes if kv_cache_bytes is not None else default_budget(weight.device)
+    return KVBlockPool(KVShape.of(model.config), budget, weight.dtype, weight.device)
