@@ -48,8 +48,7 @@ class ActorConfig:
     max_pass_tokens: int = DEFAULT_PASS_TOKENS  # new tokens per forward pass (longer prefills go in chunks)
     # When the last pass served several rounds, an idle worker waits this long for the rest of
     # the next burst: calls sent together reach the actor a few ms apart, and without it the
-    # first goes alone and the rest in a second pass (16 concurrent rounds: 2.0 passes a step and
-    # the batched pass at 1.21x its cost in process; 1.3 and 1.13x with it). A lone stream's
+    # first goes alone and the rest in a second pass (docs/performance.md). A lone stream's
     # passes hold one round, so it never waits.
     gather_s: float = 0.003
     max_sessions: int = 256  # cached sessions per actor (LRU beyond)

@@ -33,11 +33,9 @@ from transformers import PreTrainedModel
 # Causal LMs whose forward is: base model -> keep rows -> lm_head (-> optional final softcap).
 _KNOWN = {"llama", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "mistral", "qwen2", "qwen3", "phi3"}
 _MAX_COLUMN_ROWS = 64  # beyond, F.linear's GEMM kernels are the better choice again
-# From how many rows oneDNN's packed GEMM serves a layer (columns below). Measured in whole
-# passes, interleaved in one process, on the embedded target: packed from one row decoded at
-# 1.12-1.36x the tokens/s of columns at 1-2 rows (a one-row pass 64.6 against 127.4 ms on 2
-# threads), with identical output. An earlier machine measured the opposite (columns 54 against
-# 60 ms a decode step), so the choice is the hardware's: 3 restores columns for 1-2 rows.
+# From how many rows oneDNN's packed GEMM serves a layer (columns below). Which is faster at
+# 1-2 rows depends on the machine (docs/performance.md has both measurements); 3 gives those
+# rows to the columns.
 _PACKED_MIN_ROWS = 1
 _PACK_BATCH_HINT = 5  # rows oneDNN packs for: a verify pass with 4 drafts (10% faster than none)
 
