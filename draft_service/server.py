@@ -37,6 +37,7 @@ from specdec.draft_service.service import (
     Overloaded,
     ProposeCall,
     ProposeResult,
+    SessionEnded,
     SessionMiss,
 )
 from specdec.telemetry.metrics import MetricsServer
@@ -88,6 +89,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             except SessionMiss as e:
                 code = grpc.StatusCode.FAILED_PRECONDITION
                 await context.abort(code, f"{SESSION_MISS}: {e}")
+            except SessionEnded as e:
+                code = grpc.StatusCode.FAILED_PRECONDITION
+                await context.abort(code, str(e))
             except Overloaded as e:
                 code = grpc.StatusCode.RESOURCE_EXHAUSTED
                 await context.abort(code, str(e))

@@ -21,7 +21,7 @@ import asyncio
 import secrets
 import time
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -58,6 +58,11 @@ class DraftConfig:
 
 class SessionMiss(Exception):
     """The replica does not hold `committed_len` tokens of the session: resend the full context."""
+
+
+class SessionEnded(Exception):
+    """The session was ended: a Propose that reaches the replica after its EndSession (the caller
+    cancelled it, and the two calls raced) must not bring the session back for its TTL."""
 
 
 class Overloaded(Exception):
@@ -109,6 +114,9 @@ class DraftStats:
     peak_cached_tokens: int = 0  # most token positions held after any call (bounded by max_cached_tokens)
 
 
+_ENDED_KEPT = 65536  # ended session ids remembered (about 100 bytes each)
+
+
 @dataclass
 class _Pending:
     item: ProposeItem
@@ -157,6 +165,10 @@ class DraftCore:
                 self.hybrid = HybridDrafter(self.model, hybrid)
         self.vocab_size = None if loaded is None else loaded.vocab_size
         self.max_context = None if loaded is None else loaded.max_context
+        # Session ids ended lately -> when, at most _ENDED_KEPT of them and none older than the TTL:
+        # the ids are unique per request, and any call for one after its EndSession comes from a
+        # caller that has gone (cancelled calls reach the server in no guaranteed order).
+        self._ended: OrderedDict[str, float] = OrderedDict()
         self._queue: deque[_Pending] = deque()
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -170,6 +182,8 @@ class DraftCore:
             raise DeadlineExpired("deadline passed before the call arrived")
         deadline = None if call.timeout_s is None else self.clock() + call.timeout_s
         self.validate(call)
+        if call.session_id in self._ended:
+            raise SessionEnded(f"session {call.session_id!r} was ended")
         context = self._context(call)
         sampling = call.sampling
         if not sampling.greedy and sampling.seed is None:
@@ -226,6 +240,14 @@ class DraftCore:
         if not session_id:
             raise InvalidArgument("session_id", "is empty")
         self.store.pop(session_id, None)
+        now = self.clock()
+        self._ended[session_id] = now
+        self._ended.move_to_end(session_id)
+        ttl = self.config.session_ttl_s
+        while self._ended and (
+            len(self._ended) > _ENDED_KEPT or (ttl is not None and next(iter(self._ended.values())) < now - ttl)
+        ):
+            self._ended.popitem(last=False)
         self._gauges()
 
     def _gauges(self) -> None:

@@ -61,7 +61,9 @@ class DraftServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def EndSession(self, request, context):
-        """Frees the session's cached state on the replica.
+        """Frees the session's cached state on the replica. The session id is then
+        spent: a Propose for it that arrives later (a cancelled call racing its
+        EndSession) answers FAILED_PRECONDITION and holds nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

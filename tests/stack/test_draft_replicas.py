@@ -1,0 +1,180 @@
+"""A draft replica as a server and a process: health, reflection, graceful drain, SIGTERM, flags
+and environment, and replica affinity across several replicas (rendezvous hashing, dns targets)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import grpc
+import pytest
+from draft_kit import (
+    DRAFT_SEED,
+    PROMPT,
+    REPO,
+    gate,
+    propose_request,
+    run,
+)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from specdec.coordinator.clients import DraftClient, pick_replica
+from specdec.core.sampling import SamplingParams
+from specdec.draft_service.__main__ import parse_config
+from specdec.draft_service.server import SERVICE_NAME, DraftServer
+from specdec.draft_service.service import DraftCore
+from specdec.v1 import draft_pb2_grpc
+
+# --- health, reflection, draining, the process -----------------------------------------------------
+
+
+async def _health(channel, service: str = "") -> int:
+    return (
+        await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+    ).status
+
+
+def test_health_reflection_and_graceful_drain(tiny):
+    async def check():
+        server = DraftServer()  # no model yet: loading
+        port = await server.start("127.0.0.1", 0)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = draft_pb2_grpc.DraftServiceStub(channel)
+            assert await _health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Propose(propose_request(), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            await server.set_core(DraftCore(tiny("llama", DRAFT_SEED)))
+            for service in ("", SERVICE_NAME):
+                assert await _health(channel, service) == health_pb2.HealthCheckResponse.SERVING
+
+            reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+            responses = reflection.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+            names = {s.name async for r in responses for s in r.list_services_response.service}
+            assert {SERVICE_NAME, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+            entered, release = gate(server.core)
+            in_flight = asyncio.ensure_future(stub.Propose(propose_request("a"), timeout=30))
+            assert await asyncio.to_thread(entered.wait, 10)
+            await server.begin_drain()
+            assert await _health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Propose(propose_request("b"), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            stopping = asyncio.ensure_future(server.stop(30))
+            release.set()
+            assert len((await in_flight).token_ids) == 4  # the call in flight finished
+            await stopping
+
+    run(check())
+
+
+def test_process_serves_and_exits_cleanly_on_sigterm():
+    env = dict(os.environ, SPECDEC_DRAFT_PORT="0", SPECDEC_DRAFT_METRICS_PORT="0", SPECDEC_DRAFT_GRACE="5")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec.draft_service", "--draft-model", "ngram"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert select.select([proc.stdout], [], [], 30)[0], "no output within 30 s"
+        line = proc.stdout.readline()  # printed once it listens (the model loads after)
+        assert "listening on 127.0.0.1:" in line, line
+        address = line.rsplit(" ", 1)[-1].strip()
+        metrics_line = proc.stdout.readline()
+        assert "metrics on 127.0.0.1:" in metrics_line, metrics_line
+        metrics_address = metrics_line.rsplit(" ", 1)[-1].strip()
+
+        async def check():
+            async with grpc.aio.insecure_channel(address) as channel:
+                await until_serving(channel)
+                response = await draft_pb2_grpc.DraftServiceStub(channel).Propose(propose_request(), timeout=5)
+                assert list(response.token_ids) == [42, 120, 33, 64]  # prompt lookup after "5 17"
+
+        run(check(), 30)
+        with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=10) as reply:
+            page = reply.read().decode()
+        assert 'specdec:draft_propose_calls_total{code="OK"} 1.0' in page
+        assert "specdec:draft_tokens_total 4.0" in page and "specdec:draft_sessions 1.0" in page
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def until_serving(channel) -> None:
+    async with asyncio.timeout(20):
+        while await _health(channel) != health_pb2.HealthCheckResponse.SERVING:
+            await asyncio.sleep(0.01)  # the model loads in the background
+
+
+def test_flags_and_environment_map_onto_the_config():
+    config = parse_config(
+        ["--max-batch", "8"],
+        {"SPECDEC_DRAFT_MAX_BATCH": "4", "SPECDEC_DRAFT_SESSION_TTL": "0", "SPECDEC_DRAFT_PORT": "0"},
+    )
+    assert config.draft.max_batch == 8  # the flag wins over the environment
+    assert config.port == 0 and config.draft.session_ttl_s is None and config.draft_model == "ngram"
+    assert parse_config([], {}).port == 50052
+    for argv, env in ((["--max-queue", "0"], {}), ([], {"SPECDEC_DRAFT_PORT": "70000"}), (["--grace", "-1"], {})):
+        with pytest.raises(SystemExit):
+            parse_config(argv, env)
+
+
+# --- replica affinity -----------------------------------------------------------------------------
+
+
+def test_rendezvous_hashing_is_stable_spreads_and_moves_only_the_removed_replicas_sessions():
+    replicas = [f"10.0.0.{i}:50052" for i in range(4)]
+    sessions = [f"session-{i}" for i in range(400)]
+    placed = {s: pick_replica(s, replicas) for s in sessions}
+    counts = [list(placed.values()).count(r) for r in replicas]
+    assert min(counts) > 60  # 100 each on average
+    assert all(pick_replica(s, list(reversed(replicas))) == placed[s] for s in sessions)  # order-free
+    moved = [s for s in sessions if pick_replica(s, replicas[:3]) != placed[s]]
+    assert moved and all(placed[s] == replicas[3] for s in moved)
+
+
+def test_dns_target_resolves_to_every_replica_and_keeps_sessions_on_one(tiny, monkeypatch):
+    async def check():
+        first = DraftServer(DraftCore(None))
+        port = await first.start("127.0.0.1", 0)
+        second = DraftServer(DraftCore(None))
+        await second.start("127.0.0.2", port)  # all of 127/8 is loopback: two "pods", one port
+        real = socket.getaddrinfo
+
+        def fake(host, *args, **kwargs):  # the resolver of a headless service with two pods
+            if host == "drafts.test":
+                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in ("127.0.0.1", "127.0.0.2")]
+            return real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", fake)
+        client = DraftClient(f"dns:///drafts.test:{port}")
+        try:
+            for round_ in range(3):
+                for i in range(12):
+                    tokens = PROMPT + list(range(round_ + 1))
+                    await client.propose(f"s{i}", tokens, 3, SamplingParams())
+            held = [set(server.core.store) for server in (first, second)]
+            assert held[0] and held[1] and not held[0] & held[1]  # spread, and each session on one replica
+            assert held[0] | held[1] == {f"s{i}" for i in range(12)}
+            assert client.misses == 0 and first.core.stats.calls + second.core.stats.calls == 36
+        finally:
+            await client.close()
+            await first.stop(0)
+            await second.stop(0)
+
+    run(check())
