@@ -111,15 +111,15 @@ class DraftClient:
             q = unpack_probs(response.draft_probs, num_tokens=len(token_ids))  # (k, draft vocab)
         return DraftProposal(token_ids, q, draft_source.from_proto(response.source))
 
-    async def end_session(self, session_id: str) -> None:
+    async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
         """Best effort: a replica we cannot reach drops the session by TTL or LRU anyway, and a
-        finished generation must not fail on its cleanup."""
+        finished generation must not fail on its cleanup. `completion` feeds a suffix cache."""
         sent = self._sessions.pop(session_id, None)
         if sent is None or sent.address not in self._channels:
             return
         try:
             await self._channels[sent.address][1].EndSession(
-                draft_pb2.EndSessionRequest(session_id=session_id),
+                draft_pb2.EndSessionRequest(session_id=session_id, completion_token_ids=completion),
                 timeout=self.config.timeout_s,
                 metadata=self._metadata,
             )

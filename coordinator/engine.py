@@ -47,8 +47,9 @@ class Proposer(Protocol):
         `sampling`; a draft model among the proposer's drafters proposes at most `model_k` of
         them (None: k; 0: lookups only). The proposal names its source (`DraftSource`)."""
 
-    async def end_session(self, session_id: str) -> None:
-        """Free what the proposer holds for the session; unknown ids are fine."""
+    async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
+        """Free what the proposer holds for the session; unknown ids are fine. `completion` is the
+        request's output (prompt excluded), which a suffix drafter learns from."""
 
 
 class Verifier(Protocol):
@@ -211,7 +212,10 @@ class SpeculativeEngine:
         finally:
             self.running -= 1
             await g.drafts.cancel_pipelined()
-            await asyncio.gather(self._end_draft_session(g.session_id), self.verifier.end_session(g.session_id))
+            await asyncio.gather(
+                self._end_draft_session(g.session_id, g.tokens[len(prompt) :]),
+                self.verifier.end_session(g.session_id),
+            )
 
     async def _round(self, g: _Generation, cap: int, planned: RoundPlan) -> tuple[list[int], str]:
         """One round, at most `cap` drafts: drafts, one verify pass (the next round's drafts asked
@@ -263,12 +267,12 @@ class SpeculativeEngine:
             text.append(delta.text)
         return replace(delta, token_ids=token_ids, text="".join(text))
 
-    async def _end_draft_session(self, session_id: str) -> None:
+    async def _end_draft_session(self, session_id: str, completion: Sequence[int]) -> None:
         """End the draft tier's session, waiting no longer than for a proposal: a draft tier that
         stopped answering must not hold a finished request's status for the client's whole
         EndSession deadline. The call goes on in the background; a session it never reaches
         expires by the replica's TTL."""
-        ending = asyncio.ensure_future(self.proposer.end_session(session_id))
+        ending = asyncio.ensure_future(self.proposer.end_session(session_id, completion))
         self._ending.add(ending)  # a reference, or the loop may collect the task mid-call
         ending.add_done_callback(_settled(self._ending))
         try:

@@ -1,4 +1,4 @@
-"""The draft tier: drafters (n-gram lookup, a draft model, the hybrid of both) behind the batching
+"""The draft tier: drafters (n-gram lookup, suffix decoding, a draft model, hybrids) behind the batching
 DraftCore, served over gRPC (DraftService) by DraftServer."""
 
 from specdec._exports import lazy_exports
@@ -10,6 +10,8 @@ _EXPORTS = {
     "NgramDrafter": "ngram",
     "ModelDrafter": "model_drafter",
     "HybridDrafter": "hybrid",
+    "SuffixDrafter": "suffix",
+    "SuffixConfig": "suffix",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

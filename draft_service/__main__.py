@@ -39,8 +39,9 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "draft-model",
         server.draft_model,
         str,
-        "local dir, .gguf file, hub id, 'ngram' (prompt lookup, no model), "
-        "or 'hybrid:<model>' (prompt lookup where the context repeats, the model elsewhere)",
+        "local dir, .gguf file, hub id, 'ngram' (prompt lookup, no model), 'suffix' (suffix decoding over "
+        "the request and earlier completions, no model), 'hybrid:<model>' (prompt lookup where the context "
+        "repeats, the model elsewhere) or 'suffix:<model>' (suffix decoding where it matches, the model elsewhere)",
     )
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")

@@ -13,6 +13,9 @@ mass (draft_probs None: accept iff the target's own keyed draw equals the draft)
 carries its q; both leave each output token distributed as the target's, so a request may switch
 between them from one round to the next. Greedy rounds compare argmaxes either way.
 
+With a suffix drafter (`suffix:SPEC`, draft_service/suffix.py) the lookup is suffix decoding
+over the context and earlier requests' completions, any match length, before the model.
+
 The model's KV simply skips lookup rounds: its next call finds the common prefix with the
 context (`ModelDrafter._resume`) and feeds the tokens committed meanwhile.
 """
@@ -27,8 +30,10 @@ from specdec.core.draft_source import model_draft_limit
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.model_drafter import ModelDrafter, ProposeItem
 from specdec.draft_service.ngram import NgramConfig, NgramDrafter
+from specdec.draft_service.suffix import SuffixDrafter
 
 PREFIX = "hybrid:"  # --draft-model hybrid:SPEC serves SPEC with n-gram rounds where they match
+SUFFIX_PREFIX = "suffix:"  # --draft-model suffix:SPEC: suffix-decoding rounds where they match, SPEC elsewhere
 
 
 @dataclass(frozen=True)
@@ -43,22 +48,32 @@ def model_k(item: ProposeItem) -> int:
 
 
 def parse_spec(spec: str) -> str | None:
-    """The model spec inside 'hybrid:SPEC', or None when `spec` is not a hybrid spec."""
-    return spec[len(PREFIX) :] if spec.startswith(PREFIX) else None
+    """The model spec inside 'hybrid:SPEC' or 'suffix:SPEC', or None when `spec` is neither."""
+    for prefix in (PREFIX, SUFFIX_PREFIX):
+        if spec.startswith(prefix):
+            return spec[len(prefix) :]
+    return None
+
+
+def uses_suffix(spec: str | None) -> bool:
+    """Whether a drafter spec drafts by suffix decoding ('suffix' alone, or 'suffix:SPEC')."""
+    return spec is not None and (spec == "suffix" or spec.startswith(SUFFIX_PREFIX))
 
 
 class HybridDrafter:
     """Same interface as ModelDrafter (propose, propose_batch, end_session)."""
 
-    def __init__(self, model: ModelDrafter, config: HybridConfig = HybridConfig()):
+    def __init__(self, model: ModelDrafter, config: HybridConfig = HybridConfig(), suffix: SuffixDrafter | None = None):
         if not 1 <= config.min_match <= config.max_match:
             raise ValueError(f"need 1 <= min_match <= max_match, got {config}")
         self.model = model
         self.config = config
+        self.suffix = suffix  # when set, the lookup (min_match does not apply: its own config does)
         self.ngram = NgramDrafter(NgramConfig(max_ngram=config.max_match, min_ngram=config.min_match))
         self.short = (
             NgramDrafter(NgramConfig(max_ngram=config.min_match - 1, min_ngram=1)) if config.min_match > 1 else None
         )
+        self.suffix_rounds = 0  # rounds answered by the suffix drafter
         self.ngram_rounds = 0  # rounds answered by a match of at least min_match tokens
         self.short_rounds = 0  # rounds answered by a shorter match
         self.model_rounds = 0  # rounds without any match: the model's (unless capped at 0 or it declined)
@@ -66,7 +81,14 @@ class HybridDrafter:
     def choose(self, tokens: Sequence[int], k: int) -> DraftProposal | None:
         """This round's lookup: a match of at least min_match tokens ("ngram"), else a shorter
         one ("ngram_short"), else None (the model drafts). Counted either way; the draft service
-        calls it directly (lookups need no model queue), propose_batch in process."""
+        calls it directly (lookups need no model queue), propose_batch in process. With a suffix
+        drafter, its draft ("suffix") else None."""
+        if self.suffix is not None:
+            if k > 0 and (ids := self.suffix.propose(tokens, k)):
+                self.suffix_rounds += 1
+                return DraftProposal(ids, source="suffix")
+            self.model_rounds += 1
+            return None
         if k > 0 and (ids := self.ngram.propose(tokens, k)):
             self.ngram_rounds += 1
             return DraftProposal(ids, source="ngram")  # point masses: no q
@@ -95,5 +117,7 @@ class HybridDrafter:
             proposals[i] = proposal
         return [p if p is not None else DraftProposal([], source="model") for p in proposals]
 
-    def end_session(self, session_id: str) -> None:
+    def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
         self.model.end_session(session_id)
+        if self.suffix is not None:
+            self.suffix.learn(completion)

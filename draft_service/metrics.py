@@ -13,8 +13,9 @@ PROPOSE_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 DRAFT_TOKENS = Counter("specdec:draft_tokens", "Draft tokens proposed")
-# A hybrid drafter's per-round choice: ngram (a long match), ngram_short (a shorter match) or
-# model (no match at all); an n-gram-only replica counts every round as ngram.
+# A hybrid drafter's per-round choice: ngram (a long match), ngram_short (a shorter match),
+# suffix (suffix decoding's match) or model (no match at all); a replica without a model counts
+# every round as its lookup's.
 DRAFT_ROUNDS = Counter("specdec:draft_rounds", "Propose calls answered, by the drafter that answered", ["source"])
 BATCH_SIZE = Histogram(
     "specdec:draft_batch_size", "Calls served by one batched draft-model step", buckets=BATCH_BUCKETS
@@ -24,3 +25,10 @@ SESSIONS = Gauge("specdec:draft_sessions", "Sessions held by this replica")
 CACHE_TOKENS = Gauge(
     "specdec:draft_cache_tokens", "Token positions held over all sessions (the bound is max_cached_tokens)"
 )
+SUFFIX_LOOKUPS = Counter(
+    "specdec:draft_suffix_lookups",
+    "Suffix-decoding lookups, by where the draft came from (context, cache) or none",
+    ["result"],
+)
+SUFFIX_CACHE_TOKENS = Gauge("specdec:draft_suffix_cache_tokens", "Completion tokens in the suffix cache")
+SUFFIX_CACHE_BYTES = Gauge("specdec:draft_suffix_cache_bytes", "The suffix cache's memory (ring and index, estimated)")

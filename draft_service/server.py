@@ -54,7 +54,8 @@ SERVER_OPTIONS = server_options(MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_
 
 @dataclass(frozen=True)
 class ServerConfig:
-    draft_model: str = "ngram"  # local dir, .gguf file, hub id, "ngram" (no model), or "hybrid:<model spec>"
+    # local dir, .gguf file, hub id, "ngram" or "suffix" (no model), "hybrid:<model spec>" or "suffix:<model spec>"
+    draft_model: str = "ngram"
     host: str = "127.0.0.1"
     port: int = 50052  # 0 picks a free port
     metrics_port: int = 9465  # Prometheus /metrics on `host`; 0 picks a free port
@@ -113,7 +114,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     ) -> draft_pb2.EndSessionResponse:
         if self.core is not None:
             try:
-                self.core.end_session(request.session_id)
+                self.core.end_session(request.session_id, request.completion_token_ids)
             except InvalidArgument as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return draft_pb2.EndSessionResponse()
@@ -250,14 +251,20 @@ class DraftServer:
 
 
 def load_core(config: ServerConfig) -> DraftCore:
-    if config.draft_model == "ngram":
-        return DraftCore(None, config.draft)
-    from specdec.draft_service.hybrid import HybridConfig, parse_spec
+    from specdec.draft_service.hybrid import HybridConfig, parse_spec, uses_suffix
+    from specdec.draft_service.suffix import SuffixConfig
+
+    suffix = SuffixConfig() if uses_suffix(config.draft_model) else None
+    if config.draft_model in ("ngram", "suffix"):
+        return DraftCore(None, config.draft, suffix=suffix)
     from specdec.drafts.loading import load_model
 
-    inner = parse_spec(config.draft_model)  # "hybrid:SPEC": n-gram rounds where the context repeats
+    inner = parse_spec(config.draft_model)  # "hybrid:SPEC" / "suffix:SPEC": lookup rounds where they match
     return DraftCore(
-        load_model(inner or config.draft_model), config.draft, hybrid=None if inner is None else HybridConfig()
+        load_model(inner or config.draft_model),
+        config.draft,
+        hybrid=None if inner is None else HybridConfig(),
+        suffix=suffix,
     )
 
 

@@ -22,7 +22,7 @@ import secrets
 import time
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -33,6 +33,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.core.session_store import SessionStore
 from specdec.draft_service import metrics
 from specdec.draft_service.ngram import NgramDrafter
+from specdec.draft_service.suffix import SuffixConfig, SuffixDrafter
 
 if TYPE_CHECKING:  # transformers takes seconds to import; an n-gram replica never needs it
     from specdec.draft_service.hybrid import HybridConfig, HybridDrafter
@@ -133,6 +134,7 @@ class DraftCore:
         config: DraftConfig = DraftConfig(),
         clock: Callable[[], float] = time.monotonic,
         hybrid: HybridConfig | None = None,  # n-gram rounds where the context repeats, the model elsewhere
+        suffix: SuffixConfig | None = None,  # suffix decoding instead of n-gram lookup (alone or in the hybrid)
     ):
         self.config = config
         self.clock = clock
@@ -144,6 +146,7 @@ class DraftCore:
         self.ngram: NgramDrafter | None = None
         self.model: ModelDrafter | None = None
         self.hybrid: HybridDrafter | None = None
+        self.suffix = None if suffix is None else SuffixDrafter(suffix)
         if loaded is None:
             self.ngram = NgramDrafter()
         else:
@@ -162,7 +165,7 @@ class DraftCore:
             if hybrid is not None:
                 from specdec.draft_service.hybrid import HybridDrafter
 
-                self.hybrid = HybridDrafter(self.model, hybrid)
+                self.hybrid = HybridDrafter(self.model, hybrid, suffix=self.suffix)
         self.vocab_size = None if loaded is None else loaded.vocab_size
         self.max_context = None if loaded is None else loaded.max_context
         # Session ids ended lately -> when, at most _ENDED_KEPT of them and none older than the TTL:
@@ -189,7 +192,10 @@ class DraftCore:
         if not sampling.greedy and sampling.seed is None:
             sampling = replace(sampling, seed=secrets.randbits(63))  # unset on the wire: nondeterministic
         self._remember(call.session_id, context)
-        if self.model is None:
+        lookups = None if self.suffix is None else self.suffix.stats.lookups
+        if self.model is None and self.suffix is not None:
+            proposal = DraftProposal(self.suffix.propose(context, call.k), source="suffix")  # point masses: no q
+        elif self.model is None:
             proposal = DraftProposal(self.ngram.propose(context, call.k), source="ngram")  # point masses: no q
         else:
             # Never draft past the draft model's context; fewer tokens is a valid proposal.
@@ -203,6 +209,8 @@ class DraftCore:
                 proposal = await self._draft(self._item(call.session_id, context, model_k, sampling), deadline)
             else:
                 proposal = DraftProposal([], source="model")  # capped at 0 and no lookup: no draft this round
+        if self.suffix is not None and self.suffix.stats.lookups != lookups:
+            metrics.SUFFIX_LOOKUPS.labels(self.suffix.last).inc()
         source = proposal.source
         metrics.DRAFT_ROUNDS.labels(source).inc()
         self.stats.calls += 1
@@ -236,9 +244,17 @@ class DraftCore:
         if call.committed_len == 0 and not call.new_tokens:
             raise InvalidArgument("new_tokens", "the context is empty (committed_len 0 and no new tokens)")
 
-    def end_session(self, session_id: str) -> None:
+    def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
+        """Free the session; a suffix drafter learns its completion (the request's output)."""
         if not session_id:
             raise InvalidArgument("session_id", "is empty")
+        if self.suffix is not None and session_id not in self._ended:
+            bad = [t for t in completion if t < 0 or (self.vocab_size is not None and t >= self.vocab_size)]
+            if bad:
+                raise InvalidArgument("completion_token_ids", f"token id {bad[0]} is outside the vocabulary")
+            self.suffix.learn(completion)
+            metrics.SUFFIX_CACHE_TOKENS.set(self.suffix.cache.tokens)
+            metrics.SUFFIX_CACHE_BYTES.set(self.suffix.cache.nbytes())
         self.store.pop(session_id, None)
         now = self.clock()
         self._ended[session_id] = now

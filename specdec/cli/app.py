@@ -38,7 +38,9 @@ def _add_model_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
         "--draft-model",
         default=AUTO,
         help="local dir, .gguf file, hub id, 'distilled' (the draft shipped for the embedded target), "
-        "'ngram' (prompt lookup), 'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), "
+        "'ngram' (prompt lookup), 'suffix' (suffix decoding over the request and earlier completions), "
+        "'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), 'suffix:SPEC' (suffix "
+        "decoding where it matches, SPEC elsewhere), "
         "or 'auto': the best drafter shipped for the target, hybrid:distilled for the embedded one, "
         f"else ngram (default){scope}",
     )
@@ -179,12 +181,12 @@ def _cmd_generate(args) -> int:
 
     from specdec.coordinator.convert import request_from_proto, response_to_proto
     from specdec.core.errors import InvalidArgument
-    from specdec.draft_service.hybrid import parse_spec
+    from specdec.draft_service.hybrid import parse_spec, uses_suffix
     from specdec.local.in_process import build_engine, load_pair
 
     drafter = resolve_drafter(args.draft_model, args.target_model)
     target, draft = load_pair(args.target_model, drafter)
-    engine = build_engine(target, draft, hybrid=parse_spec(drafter) is not None)
+    engine = build_engine(target, draft, hybrid=parse_spec(drafter) is not None, suffix=uses_suffix(drafter))
     try:
         start = time.perf_counter()
         result = asyncio.run(engine.generate(request_from_proto(_request_proto(args))))

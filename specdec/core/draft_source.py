@@ -18,6 +18,7 @@ class DraftSource(StrEnum):
     NGRAM = "ngram"  # prompt lookup: a match of at least the drafter's minimum length
     NGRAM_SHORT = "ngram_short"  # a hybrid's shorter match, tried before its model
     MODEL = "model"  # the draft model
+    SUFFIX = "suffix"  # suffix decoding: the context's or earlier completions' continuation
 
 
 _TO_PROTO = {
@@ -25,6 +26,7 @@ _TO_PROTO = {
     DraftSource.NGRAM: draft_pb2.DRAFT_SOURCE_NGRAM,
     DraftSource.NGRAM_SHORT: draft_pb2.DRAFT_SOURCE_NGRAM_SHORT,
     DraftSource.MODEL: draft_pb2.DRAFT_SOURCE_MODEL,
+    DraftSource.SUFFIX: draft_pb2.DRAFT_SOURCE_SUFFIX,
 }
 _FROM_PROTO = {wire: source for source, wire in _TO_PROTO.items()}
 
@@ -40,8 +42,8 @@ def from_proto(value: int) -> DraftSource:
 
 
 def is_lookup(source: str) -> bool:
-    """Prompt lookups are nearly free; any other source, unknown included, is priced as a model."""
-    return source in (DraftSource.NGRAM, DraftSource.NGRAM_SHORT)
+    """Lookups (prompt or suffix) are nearly free; any other source, unknown included, is priced as a model."""
+    return source in (DraftSource.NGRAM, DraftSource.NGRAM_SHORT, DraftSource.SUFFIX)
 
 
 def model_draft_limit(k: int, model_k: int | None) -> int:

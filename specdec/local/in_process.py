@@ -19,6 +19,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.draft_service.hybrid import HybridDrafter, parse_spec
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.draft_service.ngram import NgramDrafter
+from specdec.draft_service.suffix import SuffixDrafter
 from specdec.drafts.loading import load_model
 from specdec.runtime.models import LoadedModel
 from specdec.target_service.verifier import TargetVerifier
@@ -53,23 +54,28 @@ class LocalModelProposer(_Serialized):
             else DraftProposal([], source="model")
         )
 
-    async def end_session(self, session_id: str) -> None:
-        await self._call(self.drafter.end_session, session_id)
+    async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
+        if isinstance(self.drafter, HybridDrafter):
+            await self._call(self.drafter.end_session, session_id, completion)
+        else:
+            await self._call(self.drafter.end_session, session_id)
 
 
 class LocalNgramProposer:
-    """No model, no state: runs inline, it costs microseconds."""
+    """No model: runs inline, it costs microseconds (a suffix drafter learns each completion)."""
 
-    def __init__(self, drafter: NgramDrafter | None = None):
+    def __init__(self, drafter: NgramDrafter | SuffixDrafter | None = None):
         self.drafter = drafter or NgramDrafter()
+        self.source = "suffix" if isinstance(self.drafter, SuffixDrafter) else "ngram"
 
     async def propose(
         self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
     ) -> DraftProposal:
-        return DraftProposal(self.drafter.propose(tokens, k), source="ngram")
+        return DraftProposal(self.drafter.propose(tokens, k), source=self.source)
 
-    async def end_session(self, session_id: str) -> None:
-        return None
+    async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
+        if isinstance(self.drafter, SuffixDrafter):
+            self.drafter.learn(completion)
 
 
 class LocalVerifier(_Serialized):
@@ -92,16 +98,19 @@ def build_engine(
     config: EngineConfig = EngineConfig(),
     *,
     hybrid: bool = False,
+    suffix: bool = False,
     min_confidence: float | None = None,
 ) -> SpeculativeEngine:
     """The single-process engine; `draft` None means the n-gram drafter, `hybrid` prompt lookup
-    where the context repeats and the draft model elsewhere (draft_service/hybrid.py);
+    where the context repeats and the draft model elsewhere (draft_service/hybrid.py); `suffix`
+    suffix decoding instead of n-gram lookup (draft_service/suffix.py), alone or in the hybrid;
     `min_confidence` as the draft service's (None: the draft's own)."""
+    lookup = SuffixDrafter() if suffix else None
     if draft is None:
-        proposer = LocalNgramProposer()
+        proposer = LocalNgramProposer(lookup)
     else:
         drafter = ModelDrafter(draft, min_confidence=min_confidence)
-        proposer = LocalModelProposer(HybridDrafter(drafter) if hybrid else drafter)
+        proposer = LocalModelProposer(HybridDrafter(drafter, suffix=lookup) if hybrid else drafter)
     return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
 
 
@@ -109,5 +118,5 @@ def load_pair(target_model: str | None, draft_model: str | None) -> tuple[Loaded
     """Load the models the flags name: target None is the embedded default, draft "ngram" (or
     None) is the model-free drafter, "hybrid:SPEC" loads SPEC (pass hybrid=True to build_engine)."""
     target = load_model(target_model)
-    draft = None if draft_model in (None, "ngram") else load_model(parse_spec(draft_model) or draft_model)
+    draft = None if draft_model in (None, "ngram", "suffix") else load_model(parse_spec(draft_model) or draft_model)
     return target, draft

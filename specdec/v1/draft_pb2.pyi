@@ -14,10 +14,12 @@ class DraftSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DRAFT_SOURCE_NGRAM: _ClassVar[DraftSource]
     DRAFT_SOURCE_MODEL: _ClassVar[DraftSource]
     DRAFT_SOURCE_NGRAM_SHORT: _ClassVar[DraftSource]
+    DRAFT_SOURCE_SUFFIX: _ClassVar[DraftSource]
 DRAFT_SOURCE_UNSPECIFIED: DraftSource
 DRAFT_SOURCE_NGRAM: DraftSource
 DRAFT_SOURCE_MODEL: DraftSource
 DRAFT_SOURCE_NGRAM_SHORT: DraftSource
+DRAFT_SOURCE_SUFFIX: DraftSource
 
 class ProposeRequest(_message.Message):
     __slots__ = ("session_id", "committed_len", "new_tokens", "num_draft_tokens", "sampling", "probs_encoding", "model_draft_tokens")
@@ -50,10 +52,12 @@ class ProposeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., draft_probs: _Optional[_Union[_common_pb2.DraftProbs, _Mapping]] = ..., cached_len: _Optional[int] = ..., source: _Optional[_Union[DraftSource, str]] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "completion_token_ids")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., completion_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EndSessionResponse(_message.Message):
     __slots__ = ()

@@ -141,11 +141,13 @@ def test_field_names_are_the_contract() -> None:
         "model_draft_tokens": 7,
     }
     assert fields(draft_pb2.ProposeResponse) == {"token_ids": 1, "draft_probs": 2, "cached_len": 3, "source": 4}
+    assert fields(draft_pb2.EndSessionRequest) == {"session_id": 1, "completion_token_ids": 2}
     assert list(draft_pb2.DraftSource.keys()) == [
         "DRAFT_SOURCE_UNSPECIFIED",
         "DRAFT_SOURCE_NGRAM",
         "DRAFT_SOURCE_MODEL",
         "DRAFT_SOURCE_NGRAM_SHORT",
+        "DRAFT_SOURCE_SUFFIX",
     ]
     assert list(generation_pb2.FinishReason.keys()) == [
         "FINISH_REASON_UNSPECIFIED",

@@ -177,7 +177,7 @@ class WrongDrafter:
         proposal = await self.inner.propose(session_id, tokens, k, sampling)
         return DraftProposal([(t + 1) % 50 for t in proposal.token_ids])
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         await self.inner.end_session(session_id)
 
 
@@ -201,7 +201,7 @@ class TwoSourceDrafter:
         ids = (await self.right.propose(session_id, tokens, n, sampling)).token_ids if n else []
         return DraftProposal([(t + 1) % 50 for t in ids], source="model")
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         await self.right.end_session(session_id)
 
 
@@ -267,7 +267,7 @@ class DecliningDrafter:
         self.clock.advance(0.005)
         return DraftProposal([], source="model")
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         pass
 
 
@@ -390,7 +390,7 @@ class SlowFirstCall:
             self.clock.advance(self.first_s)
         return await self.inner.propose(session_id, tokens, k, sampling)
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         await self.inner.end_session(session_id)
 
 

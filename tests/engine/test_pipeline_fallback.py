@@ -59,7 +59,7 @@ class _Flaky:
             await asyncio.sleep(self.stall_s)
         return await self.inner.propose(session_id, tokens, k, sampling)
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         await self.inner.end_session(session_id)
 
 
@@ -141,7 +141,7 @@ class HybridLike:
         n = k if model_k is None else min(k, model_k)
         return DraftProposal(list(range(1, n + 1)), source="model")
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         return None
 
 

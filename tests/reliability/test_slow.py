@@ -46,7 +46,7 @@ class Late:
         await asyncio.sleep(self.delay_s)
         return await self.inner.propose(session_id, tokens, k, sampling)
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         await asyncio.sleep(self.delay_s)
         await self.inner.end_session(session_id)
 
@@ -155,7 +155,7 @@ class Jittery:
         await asyncio.sleep(self.random.uniform(0.0, 2 * ENGINE.draft_timeout_s))
         return await self.inner.propose(session_id, tokens, k, sampling)
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         await asyncio.sleep(self.random.uniform(0.0, 2 * ENGINE.draft_timeout_s))
         await self.inner.end_session(session_id)
 

@@ -206,7 +206,7 @@ def stalled_after(stack, rounds: int):
                 await release.wait()
             return await pool.verify(*args)
 
-        async def end_session(self, session_id):
+        async def end_session(self, session_id, completion=()):
             await pool.end_session(session_id)
 
     engine.verifier = Stalling()

@@ -31,6 +31,7 @@ from specdec.draft_service.__main__ import parse_config
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.draft_service.server import DraftServer
 from specdec.draft_service.service import DeadlineExpired, DraftConfig, DraftCore, ProposeCall
+from specdec.draft_service.suffix import SuffixConfig
 from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
 from specdec.target_service.verifier import TargetVerifier
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -86,6 +87,33 @@ def test_remote_proposer_gives_the_in_process_output(tiny, kind, drafter, sampli
     assert sessions_left == 0  # the engine ended its session
 
 
+def test_a_suffix_replica_learns_completions_from_end_session_and_drafts_them_for_later_requests(tiny):
+    target = tiny("llama", TARGET_SEED)
+    similar = [[40 + i, *PROMPT] for i in range(3)]  # one template, a different first token each
+
+    async def check():
+        async with serving(None, suffix=SuffixConfig()) as (server, client):
+            engine = _engine(client, target)
+            results = [await engine.generate(_request(prompt=prompt)) for prompt in similar]
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = draft_pb2_grpc.DraftServiceStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.EndSession(draft_pb2.EndSessionRequest(session_id="x", completion_token_ids=[3, -1]))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "completion_token_ids" in info.value.details()
+            return results, server.core
+
+    results, core = run(check())
+    for prompt, result in zip(similar, results):
+        assert result.token_ids == _local_tokens(tiny, prompt)
+    assert core.suffix.stats.learned == len(similar) and core.suffix.stats.from_cache > 0
+    assert len(core.store) == 0
+
+
+def _local_tokens(tiny, prompt) -> list[int]:
+    return _local(tiny, "llama", "ngram", _request(prompt=prompt)).token_ids
+
+
 def test_fp16_request_is_answered_exactly_and_greedy_carries_no_q(tiny):
     async def check():
         async with serving(tiny("llama", DRAFT_SEED)) as (server, _):
@@ -125,7 +153,7 @@ class HookedVerifier:
             await self.hook(session_id, tokens)
         return result
 
-    async def end_session(self, session_id):
+    async def end_session(self, session_id, completion=()):
         await self.inner.end_session(session_id)
 
 

@@ -1,0 +1,205 @@
+"""Drafters side by side on tuning and held-out prompts, through the stack: which one should
+`auto` be?
+
+For each kind of workload (bench/heldout.py: repeated, free, copy) and each of its two sets
+(tuning, held-out), the set's requests are served one after another, as similar requests come
+to a server; for each request every arm runs once, in a fresh seeded order. Arms:
+
+  target_only   the stack with speculation off (the baseline)
+  ngram         prompt lookup (the n-gram drafter)
+  suffix        suffix decoding over the request and earlier completions (no model)
+  SPEC          any other drafter spec, e.g. hybrid:distilled or suffix:distilled (--arm)
+
+Each arm has its own draft server, and a drafter that learns from completions (suffix, suffix:*)
+gets a fresh one for every set and pass, so its cache holds only what that arm served earlier in
+that set: never the same request's own earlier output. Each pass is one sweep; a figure is the
+median over passes of the arm's tokens/s over the whole set (all tokens over all seconds).
+Greedy, EOS off (every request generates exactly --max-new-tokens), and every output is
+compared with target-only token for token.
+
+  python -m specdec.bench.drafters [--arm SPEC ...] [--passes N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import platform
+import random
+import statistics
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specdec.bench import heldout
+from specdec.bench.single_process import _git_commit
+from specdec.bench.stack import Run, coordinators, stack_method
+from specdec.coordinator.clients import DraftClient
+from specdec.coordinator.engine import EngineConfig
+from specdec.coordinator.server import ServerConfig
+from specdec.draft_service.hybrid import uses_suffix
+from specdec.drafts.loading import load_tokenizer
+from specdec.local.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
+
+POOL = "specdec-bench-drafters"
+BASELINE = "target_only"
+DEFAULT_ARMS = ("ngram", "suffix", "hybrid:distilled", "suffix:distilled")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m specdec.bench.drafters",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument("--arm", action="append", help=f"drafter specs, repeatable (default: {', '.join(DEFAULT_ARMS)})")
+    p.add_argument("--kind", action="append", choices=("repeated", "free", "copy"), help="workloads (default: all)")
+    p.add_argument("--passes", type=int, default=2, help="sweeps over every set; figures are medians (default 2)")
+    p.add_argument("--prompts", type=int, default=8, help="the most requests per set (default 8)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per request (default 48)")
+    p.add_argument("--k", type=int, default=8, help="the most draft tokens per round (default 8)")
+    p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep the last N prompt tokens (tiny models)")
+    p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+    args = p.parse_args(argv)
+    args.arm = list(dict.fromkeys(args.arm or DEFAULT_ARMS))
+    if "ngram" not in args.arm:
+        args.arm.insert(0, "ngram")  # every ratio is also reported over prompt lookup
+    args.kind = list(dict.fromkeys(args.kind or ("repeated", "free", "copy")))
+    for name in ("passes", "prompts", "max_new_tokens", "k"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+async def _draft_servers(specs: list[str]) -> tuple[dict, dict[str, DraftClient]]:
+    servers = {spec: await spawn_draft_server(spec) for spec in specs}
+    clients = {spec: DraftClient((await draft_server_ready(server))[0]) for spec, server in servers.items()}
+    return servers, clients
+
+
+async def _close(servers: dict, clients: dict[str, DraftClient]) -> None:
+    for client in clients.values():
+        await client.close()
+    for server in servers.values():
+        await terminate(server)
+
+
+async def measure(args: argparse.Namespace) -> dict:
+    tokenizer = load_tokenizer(args.target_model)
+    sets = heldout.sets()
+
+    def ids(text: str) -> list[int]:
+        tokens = tokenizer(text)["input_ids"]
+        return tokens[-args.max_prompt_tokens :] if args.max_prompt_tokens else tokens
+
+    prompts = {
+        (kind, name): [(label, ids(text)) for label, text in sets[kind][name][: args.prompts]]
+        for kind in args.kind
+        for name in ("tuning", "heldout")
+    }
+    config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=True)
+    stack_config = StackConfig(
+        target_model=args.target_model,
+        draft_model="ngram",
+        pool_name=POOL,
+        metrics_port=0,
+        server=ServerConfig(port=0),
+        engine=config,
+    )
+    learners = [spec for spec in args.arm if uses_suffix(spec)]
+    fixed = [spec for spec in args.arm if spec != "ngram" and spec not in learners]
+    order = random.Random(0)
+    runs: dict[tuple[str, str], list[dict[str, list[Run]]]] = {key: [] for key in prompts}
+    total = args.passes * sum(len(rows) for rows in prompts.values()) * (len(args.arm) + 1)
+    async with LocalStack(stack_config) as stack:
+        fixed_servers, fixed_clients = await _draft_servers(fixed)
+        try:
+            with tqdm(total=total, desc="drafters", unit="run", file=sys.stderr) as progress:
+                for _ in range(args.passes):
+                    for key, rows in prompts.items():
+                        servers, clients = await _draft_servers(learners)  # empty caches for every set
+                        try:
+                            drafts = fixed_clients | clients
+                            arms = {spec: (config, None) for spec in args.arm}
+                            async with coordinators(stack, args.target_model, arms, drafts) as stubs:
+                                methods = {BASELINE: stack_method(stubs["ngram"], False, args.k)}
+                                methods |= {spec: stack_method(stubs[spec], True, args.k) for spec in args.arm}
+                                sweep: dict[str, list[Run]] = {name: [] for name in methods}
+                                for label, ids in rows:
+                                    progress.set_postfix_str(f"{key[0]}/{key[1]}/{label}"[:50])
+                                    for name in order.sample(list(methods), len(methods)):
+                                        sweep[name].append(await methods[name](ids, args.max_new_tokens))
+                                        progress.update()
+                                runs[key].append(sweep)
+                        finally:
+                            await _close(servers, clients)
+        finally:
+            await _close(fixed_servers, fixed_clients)
+    return _summarize(args, prompts, runs)
+
+
+def _summarize(args, prompts, runs) -> dict:
+    med = statistics.median
+    out: dict = {"sets": {}}
+    equal = True
+    for key, sweeps in runs.items():
+        reference = [run.token_ids for run in sweeps[0][BASELINE]]
+        tps = {name: med(_tokens_per_s(sweep[name]) for sweep in sweeps) for name in sweeps[0]}
+        same = {name: all([r.token_ids for r in sweep[name]] == reference for sweep in sweeps) for name in sweeps[0]}
+        equal = equal and all(same.values())
+        accepted = {
+            name: sum(r.accepted_tokens for sweep in sweeps for r in sweep[name])
+            / max(1, sum(r.draft_tokens for sweep in sweeps for r in sweep[name]))
+            for name in args.arm
+        }
+        out["sets"][f"{key[0]}/{key[1]}"] = {
+            "requests": [label for label, _ in prompts[key]],
+            "tokens_per_s": tps,
+            "speedup": {name: tps[name] / tps[BASELINE] for name in args.arm},
+            "over_ngram": {name: tps[name] / tps["ngram"] for name in args.arm},
+            "acceptance": accepted,
+            "greedy_equal": same,
+            "seconds": {name: [[r.seconds for r in sweep[name]] for sweep in sweeps] for name in sweeps[0]},
+        }
+    out["greedy_equal"] = equal
+    out["config"] = {
+        **vars(args),
+        "commit": _git_commit(),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    return out
+
+
+def _tokens_per_s(runs: list[Run]) -> float:
+    return sum(len(r.token_ids) for r in runs) / sum(r.seconds for r in runs)
+
+
+def print_report(results: dict) -> None:
+    arms = results["config"]["arm"]
+    print(f"{'set':<20} {'target tok/s':>12} " + " ".join(f"{a[:18]:>18}" for a in arms))
+    for name, row in results["sets"].items():
+        cells = " ".join(
+            f"{row['speedup'][a]:>6.2f}x {row['over_ngram'][a]:>5.2f}n {row['acceptance'][a]:>4.0%}" for a in arms
+        )
+        print(f"{name:<20} {row['tokens_per_s'][BASELINE]:>12.2f} {cells}")
+    print("cells: speedup over target-only, ratio over ngram (n), draft acceptance")
+    print("greedy outputs equal to target-only:", results["greedy_equal"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    results = asyncio.run(measure(args))
+    print_report(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0 if results["greedy_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

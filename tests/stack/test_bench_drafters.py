@@ -1,0 +1,34 @@
+"""The drafter benchmark (`python -m specdec.bench.drafters`) end to end on tiny random models
+through a real local stack, and its held-out sets kept apart from the tuning sets."""
+
+from __future__ import annotations
+
+import json
+
+from specdec.bench import drafters, heldout
+
+
+def test_held_out_sets_share_no_prompt_with_the_tuning_sets():
+    for kind, sets in heldout.sets().items():
+        tuning = {text for _, text in sets["tuning"]}
+        held = {text for _, text in sets["heldout"]}
+        assert held and tuning and not tuning & held, kind
+    assert len(heldout.sets()["repeated"]["heldout"]) >= 8 and len(heldout.sets()["repeated"]["tuning"]) >= 8
+
+
+def test_the_drafter_benchmark_runs_every_arm_on_both_sets(tiny_dir, ray_local, tmp_path):
+    out = tmp_path / "drafters.json"
+    argv = [
+        "--target-model", tiny_dir("llama", 1), "--arm", "suffix", "--arm", f"suffix:{tiny_dir('llama', 2)}",
+        "--kind", "repeated", "--passes", "1", "--prompts", "3", "--max-new-tokens", "8",
+        "--max-prompt-tokens", "48", "--json", str(out),
+    ]  # fmt: skip
+    code = drafters.main(argv)
+    results = json.loads(out.read_text())
+    assert code == 0 and results["greedy_equal"]
+    assert set(results["sets"]) == {"repeated/tuning", "repeated/heldout"}
+    arms = ["ngram", "suffix", f"suffix:{tiny_dir('llama', 2)}"]
+    for row in results["sets"].values():
+        assert len(row["requests"]) == 3
+        assert set(row["tokens_per_s"]) == {"target_only", *arms} and all(v > 0 for v in row["tokens_per_s"].values())
+        assert row["over_ngram"]["ngram"] == 1.0 and set(row["speedup"]) == set(arms)
