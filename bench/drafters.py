@@ -40,6 +40,7 @@ from specdec.bench.stack import Run, coordinators, stack_method
 from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
+from specdec.core.sampling import SamplingParams
 from specdec.draft_service.hybrid import uses_suffix
 from specdec.drafts.loading import load_tokenizer
 from specdec.local.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
@@ -76,9 +77,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-async def _draft_servers(specs: list[str]) -> tuple[dict, dict[str, DraftClient]]:
+async def _draft_servers(specs: list[str], warm_up: list[int]) -> tuple[dict, dict[str, DraftClient]]:
+    """A fresh draft server per spec, each warmed up by one Propose (a first model step pays for
+    allocations) whose session ends with no completion: a suffix cache starts empty."""
     servers = {spec: await spawn_draft_server(spec) for spec in specs}
     clients = {spec: DraftClient((await draft_server_ready(server))[0]) for spec, server in servers.items()}
+    for client in clients.values():
+        await client.propose("warm-up", warm_up, 8, SamplingParams())
+        await client.end_session("warm-up")
     return servers, clients
 
 
@@ -114,21 +120,27 @@ async def measure(args: argparse.Namespace) -> dict:
     learners = [spec for spec in args.arm if uses_suffix(spec)]
     fixed = [spec for spec in args.arm if spec != "ngram" and spec not in learners]
     order = random.Random(0)
+    first = True
     runs: dict[tuple[str, str], list[dict[str, list[Run]]]] = {key: [] for key in prompts}
     total = args.passes * sum(len(rows) for rows in prompts.values()) * (len(args.arm) + 1)
     async with LocalStack(stack_config) as stack:
-        fixed_servers, fixed_clients = await _draft_servers(fixed)
+        warm_up = next(iter(prompts.values()))[0][1]
+        fixed_servers, fixed_clients = await _draft_servers(fixed, warm_up)
         try:
             with tqdm(total=total, desc="drafters", unit="run", file=sys.stderr) as progress:
                 for _ in range(args.passes):
                     for key, rows in prompts.items():
-                        servers, clients = await _draft_servers(learners)  # empty caches for every set
+                        servers, clients = await _draft_servers(learners, warm_up)  # empty caches for every set
                         try:
                             drafts = fixed_clients | clients
                             arms = {spec: (config, None) for spec in args.arm}
                             async with coordinators(stack, args.target_model, arms, drafts) as stubs:
                                 methods = {BASELINE: stack_method(stubs["ngram"], False, args.k)}
                                 methods |= {spec: stack_method(stubs[spec], True, args.k) for spec in args.arm}
+                                # First calls pay for lazy init; a learner's would fill its cache.
+                                for name in [m for m in methods if m not in learners] if first else []:
+                                    await methods[name](warm_up, 4)
+                                first = False
                                 sweep: dict[str, list[Run]] = {name: [] for name in methods}
                                 for label, ids in rows:
                                     progress.set_postfix_str(f"{key[0]}/{key[1]}/{label}"[:50])
@@ -167,6 +179,7 @@ def _summarize(args, prompts, runs) -> dict:
             "seconds": {name: [[r.seconds for r in sweep[name]] for sweep in sweeps] for name in sweeps[0]},
         }
     out["greedy_equal"] = equal
+    out["auto"] = choose_auto(out["sets"], args.arm)
     out["config"] = {
         **vars(args),
         "commit": _git_commit(),
@@ -174,6 +187,27 @@ def _summarize(args, prompts, runs) -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     return out
+
+
+AUTO_FLOOR = 0.97  # the default may lose at most 3% to prompt lookup on any held-out set
+
+
+def choose_auto(sets: dict, arms: list[str]) -> dict:
+    """The drafter `auto` should be, judged on the held-out sets only: of the arms within
+    AUTO_FLOOR of n-gram lookup on every held-out set, the highest geometric-mean speedup over
+    target-only (when none is, the one whose worst held-out set is best)."""
+    held = [row for name, row in sets.items() if name.endswith("/heldout")]
+    scores = {}
+    for arm in arms:
+        worst = min(row["over_ngram"][arm] for row in held)
+        mean = statistics.geometric_mean(row["speedup"][arm] for row in held)
+        scores[arm] = {"worst_over_ngram": worst, "geomean_speedup": mean}
+    eligible = [arm for arm in arms if scores[arm]["worst_over_ngram"] >= AUTO_FLOOR]
+    if eligible:
+        chosen = max(eligible, key=lambda arm: scores[arm]["geomean_speedup"])
+    else:
+        chosen = max(arms, key=lambda arm: scores[arm]["worst_over_ngram"])
+    return {"chosen": chosen, "floor": AUTO_FLOOR, "scores": scores}
 
 
 def _tokens_per_s(runs: list[Run]) -> float:
@@ -190,6 +224,13 @@ def print_report(results: dict) -> None:
         print(f"{name:<20} {row['tokens_per_s'][BASELINE]:>12.2f} {cells}")
     print("cells: speedup over target-only, ratio over ngram (n), draft acceptance")
     print("greedy outputs equal to target-only:", results["greedy_equal"])
+    auto = results["auto"]
+    for arm, score in auto["scores"].items():
+        print(
+            f"held-out: {arm:<22} worst over ngram {score['worst_over_ngram']:.2f}x, "
+            f"geometric mean speedup {score['geomean_speedup']:.2f}x"
+        )
+    print(f"auto, chosen on held-out prompts (within {auto['floor']:.2f}x of ngram everywhere): {auto['chosen']}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,10 +83,18 @@ class DraftClient:
         self._metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else None
 
     async def propose(
-        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
+        self,
+        session_id: str,
+        tokens: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        model_k: int | None = None,
+        affinity: str = "",
     ) -> DraftProposal:
+        """`affinity`: the request's cache-affinity key; the replica is chosen by it instead of the
+        session id, so every request with the key drafts on one replica."""
         tokens = list(tokens)
-        address = await self._replica(session_id)
+        address = await self._replica(affinity or session_id)
         sent = self._sessions.get(session_id)
         committed = common_prefix(sent.tokens, tokens) if sent is not None and sent.address == address else 0
         if sent is None or sent.address != address:
@@ -158,13 +166,13 @@ class DraftClient:
         )
         return await self._channels[address][1].Propose(request, timeout=self.config.timeout_s, metadata=self._metadata)
 
-    async def _replica(self, session_id: str) -> str:
+    async def _replica(self, key: str) -> str:
         if self._dns is not None and time.monotonic() - self._resolved_at >= self.config.resolve_every_s:
             await self._resolve()
         if not self._channels:
             for address in self._addresses:
                 self._open(address)
-        return pick_replica(session_id, self._addresses)
+        return pick_replica(key, self._addresses)
 
     async def _resolve(self) -> None:
         host, port = self._dns

@@ -30,6 +30,7 @@ def request_from_proto(msg: pb.GenerateRequest | pb.GenerateStreamRequest) -> Ge
         stop=list(msg.stop),
         speculate=not msg.speculation.disabled,
         max_draft_tokens=msg.speculation.max_draft_tokens,
+        cache_affinity_key=msg.speculation.cache_affinity_key,
     )
 
 

@@ -47,6 +47,7 @@ class DraftSide:
         timeout_s: float,
         retry_s: float,
         clock: Callable[[], float] = time.monotonic,
+        affinity: str = "",
     ):
         self.proposer = proposer
         self.session_id = session_id
@@ -55,6 +56,7 @@ class DraftSide:
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.clock = clock  # seconds, for the retry delay
+        self.affinity = affinity  # the request's cache-affinity key ("": none)
         self.failures = 0  # proposer errors and timeouts
         self.pipelined_hits = 0  # rounds whose drafts were ready when verification ended
         self._retry_at = 0.0
@@ -114,6 +116,8 @@ class DraftSide:
         # A model capped at 0 stays at 0: asked for the guess alone it would run (and catch up on
         # every token since its last round) in each pipelined call, beside the target's pass.
         cap = {} if model_k is None or model_k >= k else {"model_k": model_k + extra if model_k else 0}
+        if self.affinity:
+            cap["affinity"] = self.affinity  # likewise: only a proposer that places replicas takes it
         try:
             proposal = await asyncio.wait_for(
                 self.proposer.propose(self.session_id, tokens, k + extra, self.sampling, **cap), self.timeout_s

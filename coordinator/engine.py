@@ -34,6 +34,7 @@ from specdec.core.sampling import SamplingParams
 # A prompt longer than this (characters) is tokenized off the event loop that serves every other
 # request: 1 MiB takes about a second on 2 cores, and the Rust tokenizer releases the GIL (measured).
 _TOKENIZE_IN_THREAD_CHARS = 1 << 16
+MAX_AFFINITY_KEY_BYTES = 256  # a cache-affinity key names a kind of request, it carries no content
 
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class GenerationRequest:
     stop: Sequence[str] = ()
     speculate: bool = True  # False: k = 0, plain decoding
     max_draft_tokens: int = 0  # 0: the server's default k
+    cache_affinity_key: str = ""  # requests with one key draft on one draft replica; "": by session
 
 
 class FinishReason(Enum):
@@ -242,6 +244,7 @@ class SpeculativeEngine:
             observe.end_round(
                 span, proposed=len(proposal.token_ids), accepted=result.num_accepted, committed=len(kept),
                 fallback=fallback, pipelined=g.drafts.pipelined_hits > hits, draft_s=t1 - t0, verify_s=t2 - t1,
+                source=proposal.source if proposal.token_ids else "",
             )  # fmt: skip
         g.policy.observe(planned, proposal, fallback, result.num_accepted, draft_s=t1 - t0, verify_s=t2 - t1)
         g.stats.record(len(proposal.token_ids), result.num_accepted)
@@ -332,6 +335,11 @@ class SpeculativeEngine:
                 "speculation.max_draft_tokens",
                 f"must be in [0, {self.config.max_draft_tokens}], got {request.max_draft_tokens!r}",
             )
+        key = request.cache_affinity_key
+        if not isinstance(key, str) or len(key.encode()) > MAX_AFFINITY_KEY_BYTES:
+            raise InvalidArgument(
+                "speculation.cache_affinity_key", f"must be a string of at most {MAX_AFFINITY_KEY_BYTES} bytes"
+            )
         if not request.sampling.greedy and request.sampling.seed is None:
             request = replace(request, sampling=replace(request.sampling, seed=secrets.randbits(63)))
         return prompt, request
@@ -369,6 +377,7 @@ class _Generation:
         self.drafts = DraftSide(
             engine.proposer, self.session_id, request.sampling, pipeline=cfg.pipeline,
             timeout_s=cfg.draft_timeout_s, retry_s=cfg.draft_retry_s, clock=engine.clock,
+            affinity=request.cache_affinity_key,
         )  # fmt: skip
 
     @property

@@ -30,11 +30,13 @@ def end_round(
     pipelined: bool,
     draft_s: float,
     verify_s: float,
+    source: str = "",
 ) -> None:
     bonus = proposed > 0 and accepted == proposed  # every draft accepted: the target's token is a free extra
     span.set_attributes(
         {
             "specdec.round.k": proposed,
+            "specdec.round.draft_source": source,  # which drafter answered (DraftSource); "" without drafts
             "specdec.round.accepted": accepted,
             "specdec.round.bonus": bonus,
             "specdec.round.fallback": fallback,

@@ -162,14 +162,16 @@ def _speculation(value, generation: GenerationRequest) -> None:
     if value is None:
         return
     if not isinstance(value, dict):
-        raise InvalidArgument("speculation", "must be an object: {disabled, max_draft_tokens}")
-    unknown = set(value) - {"disabled", "max_draft_tokens"}
+        raise InvalidArgument("speculation", "must be an object: {disabled, max_draft_tokens, cache_affinity_key}")
+    unknown = set(value) - {"disabled", "max_draft_tokens", "cache_affinity_key"}
     if unknown:
         raise InvalidArgument(
-            f"speculation.{min(unknown)}", "is not a speculation setting (disabled, max_draft_tokens)"
+            f"speculation.{min(unknown)}",
+            "is not a speculation setting (disabled, max_draft_tokens, cache_affinity_key)",
         )
     generation.speculate = not _typed(value, "disabled", bool, False, prefix="speculation.")
     generation.max_draft_tokens = _typed(value, "max_draft_tokens", int, 0, prefix="speculation.")
+    generation.cache_affinity_key = _typed(value, "cache_affinity_key", str, "", prefix="speculation.")
 
 
 def _completion_prompt(value, generation: GenerationRequest) -> None:

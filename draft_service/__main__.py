@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from specdec.core import flag_types
 from specdec.draft_service.server import ServerConfig, serve
 from specdec.draft_service.service import DraftConfig
+from specdec.draft_service.suffix import SuffixConfig
 
 ENV_PREFIX = "SPECDEC_DRAFT_"
 
@@ -81,6 +82,12 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "greedy model drafts stop before a token the draft gives less probability than this; "
         "0 = off, auto = the draft's own (a distilled draft's draft.json), else off",
     )
+    flag(
+        "suffix-cache-tokens",
+        server.suffix.max_cached_tokens,
+        flag_types.positive_int,
+        "completion tokens a suffix drafter ('suffix', 'suffix:SPEC') keeps from earlier requests, oldest out first",
+    )
     flag("grace", server.grace_s, flag_types.seconds, "seconds in-flight calls get to finish after SIGTERM")
     flag(
         "drain-delay",
@@ -108,6 +115,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Se
         grace_s=args.grace,
         drain_delay_s=args.drain_delay,
         auth_token=args.auth_token or None,
+        suffix=SuffixConfig(max_cached_tokens=args.suffix_cache_tokens),
         draft=DraftConfig(
             max_draft_tokens=args.max_draft_tokens,
             max_batch=args.max_batch,

@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from specdec.core import draft_source
@@ -40,6 +41,7 @@ from specdec.draft_service.service import (
     SessionEnded,
     SessionMiss,
 )
+from specdec.draft_service.suffix import SuffixConfig
 from specdec.telemetry.metrics import MetricsServer
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -63,6 +65,7 @@ class ServerConfig:
     drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing calls, so balancers move first
     auth_token: str | None = field(default=None, repr=False)  # calls must carry it (Bearer); None: no check
     draft: DraftConfig = field(default_factory=DraftConfig)
+    suffix: SuffixConfig = field(default_factory=SuffixConfig)  # for the suffix drafters only
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
@@ -99,6 +102,11 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             except DeadlineExpired as e:
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
                 await context.abort(code, str(e))
+            span = trace.get_current_span()  # the Propose server span (OpenTelemetry's gRPC instrumentation)
+            span.set_attribute("specdec.draft.source", result.proposal.source)
+            span.set_attribute("specdec.draft.tokens", len(result.proposal.token_ids))
+            if result.suffix:
+                span.set_attribute("specdec.suffix.found_in", result.suffix)
             response = await _response_to_proto(result, request.probs_encoding)
             code = grpc.StatusCode.OK
             metrics.PROPOSE_LATENCY.observe(time.perf_counter() - started)
@@ -252,9 +260,8 @@ class DraftServer:
 
 def load_core(config: ServerConfig) -> DraftCore:
     from specdec.draft_service.hybrid import HybridConfig, parse_spec, uses_suffix
-    from specdec.draft_service.suffix import SuffixConfig
 
-    suffix = SuffixConfig() if uses_suffix(config.draft_model) else None
+    suffix = config.suffix if uses_suffix(config.draft_model) else None
     if config.draft_model in ("ngram", "suffix"):
         return DraftCore(None, config.draft, suffix=suffix)
     from specdec.drafts.loading import load_model

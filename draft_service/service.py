@@ -89,6 +89,7 @@ class ProposeCall:
 class ProposeResult:
     proposal: DraftProposal  # draft_probs only for sampled calls to the model drafter
     cached_len: int  # committed tokens the replica holds for the session after the call
+    suffix: str = ""  # where a suffix lookup found its draft: "context", "cache", "none"; "" when none ran
 
 
 @dataclass
@@ -209,15 +210,17 @@ class DraftCore:
                 proposal = await self._draft(self._item(call.session_id, context, model_k, sampling), deadline)
             else:
                 proposal = DraftProposal([], source="model")  # capped at 0 and no lookup: no draft this round
+        suffix = ""
         if self.suffix is not None and self.suffix.stats.lookups != lookups:
-            metrics.SUFFIX_LOOKUPS.labels(self.suffix.last).inc()
+            suffix = self.suffix.last
+            metrics.SUFFIX_LOOKUPS.labels(suffix).inc()
         source = proposal.source
         metrics.DRAFT_ROUNDS.labels(source).inc()
         self.stats.calls += 1
         metrics.DRAFT_TOKENS.inc(len(proposal.token_ids))
         self._gauges()
         session = self.store.get(call.session_id)
-        return ProposeResult(proposal, len(session.tokens) if session is not None else 0)
+        return ProposeResult(proposal, len(session.tokens) if session is not None else 0, suffix)
 
     @staticmethod
     def _item(session_id: str, context: list[int], k: int, sampling: SamplingParams) -> ProposeItem:

@@ -42,7 +42,7 @@ class SuffixConfig:
     max_spec_offset: float = 1.0
     min_token_prob: float = 0.1  # stop where the draft's path frequency falls below this
     max_candidates: int = 64  # most recent occurrences of the matched suffix considered, per source
-    max_cached_tokens: int = 1 << 20  # completions kept (4 MiB of tokens plus the index), oldest out first
+    max_cached_tokens: int = 1 << 20  # completion tokens kept (4 MiB ring, index up to ~50 MiB), oldest out first
 
     def __post_init__(self):
         if not 1 <= self.min_match <= self.max_match:
@@ -68,7 +68,7 @@ class SuffixCache:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.ring = np.full(capacity, _END, dtype=np.int64)
+        self.ring = np.full(capacity, _END, dtype=np.int32)
         self.end = 0  # global position after the last token written
         self.index: dict[tuple[int, int], deque[int]] = {}
 

@@ -41,8 +41,7 @@ def _add_model_flags(p: argparse.ArgumentParser, scope: str = "") -> None:
         "'ngram' (prompt lookup), 'suffix' (suffix decoding over the request and earlier completions), "
         "'hybrid:SPEC' (prompt lookup where the context repeats, SPEC elsewhere), 'suffix:SPEC' (suffix "
         "decoding where it matches, SPEC elsewhere), "
-        "or 'auto': the best drafter shipped for the target, hybrid:distilled for the embedded one, "
-        f"else ngram (default){scope}",
+        f"or 'auto': the drafter chosen on held-out prompts, suffix (default){scope}",
     )
 
 

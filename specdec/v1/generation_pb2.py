@@ -25,31 +25,31 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bspecdec/v1/generation.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"?\n\x11SpeculationParams\x12\x10\n\x08\x64isabled\x18\x01 \x01(\x08\x12\x18\n\x10max_draft_tokens\x18\x02 \x01(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xee\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x32\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1d.specdec.v1.SpeculationParams\x12)\n\x08messages\x18\x07 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\xf4\x01\n\x15GenerateStreamRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x32\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1d.specdec.v1.SpeculationParams\x12)\n\x08messages\x18\x07 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x97\x02\n\x10SpeculationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\r\x12\x1e\n\x16non_speculative_rounds\x18\x04 \x01(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x05 \x03(\r\x12\x18\n\x10pipelined_rounds\x18\x06 \x01(\r\x12\x16\n\x0e\x64raft_failures\x18\x07 \x01(\r\x12\x1a\n\x12\x64raft_wait_seconds\x18\x08 \x01(\x01\x12\x1b\n\x13verify_wait_seconds\x18\t \x01(\x01\x12\x1a\n\x12generation_seconds\x18\n \x01(\x01\"\xcb\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x10\n\x08trace_id\x18\x06 \x01(\t\"\xd1\x01\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x10\n\x08trace_id\x18\x06 \x01(\t*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x32\xb5\x01\n\x11GenerationService\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12Y\n\x0eGenerateStream\x12!.specdec.v1.GenerateStreamRequest\x1a\".specdec.v1.GenerateStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bspecdec/v1/generation.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"[\n\x11SpeculationParams\x12\x10\n\x08\x64isabled\x18\x01 \x01(\x08\x12\x18\n\x10max_draft_tokens\x18\x02 \x01(\r\x12\x1a\n\x12\x63\x61\x63he_affinity_key\x18\x03 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xee\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x32\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1d.specdec.v1.SpeculationParams\x12)\n\x08messages\x18\x07 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\xf4\x01\n\x15GenerateStreamRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\r\x12,\n\x08sampling\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x32\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1d.specdec.v1.SpeculationParams\x12)\n\x08messages\x18\x07 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x97\x02\n\x10SpeculationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\r\x12\x1e\n\x16non_speculative_rounds\x18\x04 \x01(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x05 \x03(\r\x12\x18\n\x10pipelined_rounds\x18\x06 \x01(\r\x12\x16\n\x0e\x64raft_failures\x18\x07 \x01(\r\x12\x1a\n\x12\x64raft_wait_seconds\x18\x08 \x01(\x01\x12\x1b\n\x13verify_wait_seconds\x18\t \x01(\x01\x12\x1a\n\x12generation_seconds\x18\n \x01(\x01\"\xcb\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x10\n\x08trace_id\x18\x06 \x01(\t\"\xd1\x01\n\x16GenerateStreamResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x18.specdec.v1.FinishReason\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.specdec.v1.Usage\x12\x31\n\x0bspeculation\x18\x05 \x01(\x0b\x32\x1c.specdec.v1.SpeculationStats\x12\x10\n\x08trace_id\x18\x06 \x01(\t*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x32\xb5\x01\n\x11GenerationService\x12\x45\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse\x12Y\n\x0eGenerateStream\x12!.specdec.v1.GenerateStreamRequest\x1a\".specdec.v1.GenerateStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1426
-  _globals['_FINISHREASON']._serialized_end=1550
+  _globals['_FINISHREASON']._serialized_start=1454
+  _globals['_FINISHREASON']._serialized_end=1578
   _globals['_SPECULATIONPARAMS']._serialized_start=68
-  _globals['_SPECULATIONPARAMS']._serialized_end=131
-  _globals['_CHATMESSAGE']._serialized_start=133
-  _globals['_CHATMESSAGE']._serialized_end=177
-  _globals['_GENERATEREQUEST']._serialized_start=180
-  _globals['_GENERATEREQUEST']._serialized_end=418
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=421
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=665
-  _globals['_USAGE']._serialized_start=667
-  _globals['_USAGE']._serialized_end=724
-  _globals['_SPECULATIONSTATS']._serialized_start=727
-  _globals['_SPECULATIONSTATS']._serialized_end=1006
-  _globals['_GENERATERESPONSE']._serialized_start=1009
-  _globals['_GENERATERESPONSE']._serialized_end=1212
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1215
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1424
-  _globals['_GENERATIONSERVICE']._serialized_start=1553
-  _globals['_GENERATIONSERVICE']._serialized_end=1734
+  _globals['_SPECULATIONPARAMS']._serialized_end=159
+  _globals['_CHATMESSAGE']._serialized_start=161
+  _globals['_CHATMESSAGE']._serialized_end=205
+  _globals['_GENERATEREQUEST']._serialized_start=208
+  _globals['_GENERATEREQUEST']._serialized_end=446
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=449
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=693
+  _globals['_USAGE']._serialized_start=695
+  _globals['_USAGE']._serialized_end=752
+  _globals['_SPECULATIONSTATS']._serialized_start=755
+  _globals['_SPECULATIONSTATS']._serialized_end=1034
+  _globals['_GENERATERESPONSE']._serialized_start=1037
+  _globals['_GENERATERESPONSE']._serialized_end=1240
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1243
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1452
+  _globals['_GENERATIONSERVICE']._serialized_start=1581
+  _globals['_GENERATIONSERVICE']._serialized_end=1762
 # @@protoc_insertion_point(module_scope)

@@ -20,12 +20,14 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 
 class SpeculationParams(_message.Message):
-    __slots__ = ("disabled", "max_draft_tokens")
+    __slots__ = ("disabled", "max_draft_tokens", "cache_affinity_key")
     DISABLED_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_AFFINITY_KEY_FIELD_NUMBER: _ClassVar[int]
     disabled: bool
     max_draft_tokens: int
-    def __init__(self, disabled: _Optional[bool] = ..., max_draft_tokens: _Optional[int] = ...) -> None: ...
+    cache_affinity_key: str
+    def __init__(self, disabled: _Optional[bool] = ..., max_draft_tokens: _Optional[int] = ..., cache_affinity_key: _Optional[str] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

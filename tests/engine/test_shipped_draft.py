@@ -1,5 +1,5 @@
-"""The distilled draft shipped for the embedded target: how specs name it, the default drafter it
-makes, and (slow) the real draft through `specdec generate`, lossless."""
+"""The distilled draft shipped for the embedded target: how specs name it, what `auto` means (the
+suffix drafter, for every target), and (slow) the real draft through `specdec generate`, lossless."""
 
 from __future__ import annotations
 
@@ -29,31 +29,12 @@ def shipped(tiny, tiny_dir, tmp_path, monkeypatch):
     return tmp_path / "drafts"
 
 
-def test_auto_is_the_hybrid_with_the_shipped_draft_for_the_embedded_target_only():
-    assert shipped_draft.available()  # the repository ships it
-    for target in (None, "default"):
-        assert (
-            shipped_draft.resolve_drafter("auto", target)
-            == shipped_draft.resolve_drafter(None, target)
-            == "hybrid:distilled"
-        )
-    assert (
-        shipped_draft.resolve_drafter("auto", "some/other-model")
-        == shipped_draft.resolve_drafter(None, "some/other-model")
-        == "ngram"
-    )
-
-
-def test_auto_can_only_pick_the_shipped_draft_for_the_embedded_target(shipped, monkeypatch):
-    assert shipped_draft.available()
-    for embedded in (None, "default"):
-        assert shipped_draft.resolve_drafter("auto", embedded) == "hybrid:distilled"
-        assert shipped_draft.resolve_drafter(None, embedded) == "hybrid:distilled"
-    assert shipped_draft.resolve_drafter("auto", "some/other-model") == "ngram"  # another tokenizer: no shipped draft
-    for named in ("ngram", "distilled", "hybrid:distilled", "some/dir"):
+def test_auto_is_the_suffix_drafter_for_every_target_and_named_drafters_are_kept():
+    assert shipped_draft.available()  # the repository still ships the draft, by name
+    for target in (None, "default", "some/other-model"):
+        assert shipped_draft.resolve_drafter("auto", target) == shipped_draft.resolve_drafter(None, target) == "suffix"
+    for named in ("ngram", "distilled", "hybrid:distilled", "suffix:distilled", "some/dir"):
         assert shipped_draft.resolve_drafter(named, None) == named  # what the user names is kept
-    monkeypatch.setattr(shipped_draft, "DIRECTORY", shipped / "absent")
-    assert not shipped_draft.available() and shipped_draft.resolve_drafter("auto", None) == "ngram"
 
 
 def test_distilled_names_the_shipped_directory_wherever_a_model_is_named(shipped):

@@ -129,6 +129,13 @@ CASES = [
         INVALID,
         "speculation.max_draft_tokens:",
     ),
+    Case(
+        "cache_affinity_key past 256 bytes",
+        valid(speculation=pb.SpeculationParams(cache_affinity_key="k" * 257)),
+        INVALID,
+        "speculation.cache_affinity_key:",
+    ),
+    Case("cache_affinity_key of 256 bytes", valid(speculation=pb.SpeculationParams(cache_affinity_key="k" * 256)), OK),
     Case("top_k 2^32-1 (no cut)", valid(sampling=sampling(temperature=1.0, top_k=2**32 - 1, seed=3)), OK),
     Case("seed 2^64-1", valid(sampling=sampling(temperature=1.0, seed=2**64 - 1)), OK),
     Case("temperature the largest float", valid(sampling=sampling(temperature=3.4e38, seed=3)), OK),

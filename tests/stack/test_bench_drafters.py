@@ -32,3 +32,19 @@ def test_the_drafter_benchmark_runs_every_arm_on_both_sets(tiny_dir, ray_local, 
         assert len(row["requests"]) == 3
         assert set(row["tokens_per_s"]) == {"target_only", *arms} and all(v > 0 for v in row["tokens_per_s"].values())
         assert row["over_ngram"]["ngram"] == 1.0 and set(row["speedup"]) == set(arms)
+
+
+def test_auto_is_chosen_on_held_out_sets_within_the_floor_of_ngram():
+    def row(over, speedup):
+        return {"over_ngram": over, "speedup": speedup}
+
+    sets = {
+        "a/heldout": row({"ngram": 1.0, "s": 1.2, "h": 0.9}, {"ngram": 2.0, "s": 2.4, "h": 3.0}),
+        "b/heldout": row({"ngram": 1.0, "s": 1.0, "h": 1.5}, {"ngram": 1.0, "s": 1.0, "h": 1.5}),
+        "a/tuning": row({"ngram": 1.0, "s": 0.1, "h": 9.0}, {"ngram": 1.0, "s": 0.1, "h": 9.0}),  # never counted
+    }
+    auto = drafters.choose_auto(sets, ["ngram", "s", "h"])
+    assert auto["chosen"] == "s"  # h is faster on average but 0.9x of ngram on set a
+    assert auto["scores"]["h"]["worst_over_ngram"] == 0.9
+    sets["a/heldout"]["over_ngram"]["s"] = 0.5
+    assert drafters.choose_auto(sets, ["s", "h"])["chosen"] == "h"  # none within the floor: the best worst case

@@ -129,6 +129,7 @@ def test_flags_and_environment_map_onto_the_config():
     assert config.draft.max_batch == 8  # the flag wins over the environment
     assert config.port == 0 and config.draft.session_ttl_s is None and config.draft_model == "ngram"
     assert parse_config([], {}).port == 50052
+    assert parse_config([], {"SPECDEC_DRAFT_SUFFIX_CACHE_TOKENS": "4096"}).suffix.max_cached_tokens == 4096
     for argv, env in ((["--max-queue", "0"], {}), ([], {"SPECDEC_DRAFT_PORT": "70000"}), (["--grace", "-1"], {})):
         with pytest.raises(SystemExit):
             parse_config(argv, env)
@@ -176,5 +177,34 @@ def test_dns_target_resolves_to_every_replica_and_keeps_sessions_on_one(tiny, mo
             await client.close()
             await first.stop(0)
             await second.stop(0)
+
+    run(check())
+
+
+def test_a_cache_affinity_key_sends_every_request_of_a_kind_to_one_replica():
+    """Sessions spread over two replicas by session id; with one affinity key they all draft on
+    the replica the key picks, so its suffix cache sees each of them."""
+
+    async def check():
+        servers = [DraftServer(DraftCore(None)) for _ in range(2)]
+        addresses = [f"127.0.0.1:{await server.start('127.0.0.1', 0)}" for server in servers]
+        client = DraftClient(addresses)
+        try:
+            for i in range(24):  # the ports differ each run: all 24 on one replica has odds 2^-23
+                await client.propose(f"spread-{i}", PROMPT, 3, SamplingParams())
+            for i in range(8):
+                await client.propose(f"kind-{i}", PROMPT, 3, SamplingParams(), affinity="agent-loop")
+            held = [set(server.core.store) for server in servers]
+            keyed = [{s for s in h if s.startswith("kind-")} for h in held]
+            assert all(any(s.startswith("spread-") for s in h) for h in held)  # by session: both replicas
+            chosen = addresses.index(pick_replica("agent-loop", addresses))
+            assert keyed[chosen] == {f"kind-{i}" for i in range(8)} and not keyed[1 - chosen]
+            for i in range(8):
+                await client.end_session(f"kind-{i}")
+            assert not any(s.startswith("kind-") for server in servers for s in server.core.store)
+        finally:
+            await client.close()
+            for server in servers:
+                await server.stop(0)
 
     run(check())

@@ -222,6 +222,19 @@ def test_speculation_object_turns_drafts_off_and_changes_no_token(stack):
     assert max(len(one.model_extra["speculation"]["accepted_per_position"]), 1) == 1
 
 
+def test_a_cache_affinity_key_changes_no_output(stack):
+    plain = stack.client.completions.create(model=stack.model, prompt=PROMPT, max_tokens=16, temperature=0)
+    keyed = stack.client.completions.create(
+        model=stack.model,
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"speculation": {"cache_affinity_key": "tenant-a/sql-agent"}},
+    )
+    assert keyed.choices[0].text == plain.choices[0].text
+    assert keyed.model_extra["speculation"]["draft_tokens"] > 0  # it drafted, on the replica the key picks
+
+
 # --- errors ------------------------------------------------------------------------------------------------
 
 
@@ -238,6 +251,8 @@ def test_speculation_object_turns_drafts_off_and_changes_no_token(stack):
         ({"stop": ["x"] * 40}, "stop"),
         ({"extra_body": {"speculation": {"max_draft_tokens": 99}}}, "speculation.max_draft_tokens"),
         ({"extra_body": {"speculation": {"k": 2}}}, "speculation.k"),
+        ({"extra_body": {"speculation": {"cache_affinity_key": 7}}}, "speculation.cache_affinity_key"),
+        ({"extra_body": {"speculation": {"cache_affinity_key": "x" * 257}}}, "speculation.cache_affinity_key"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"prompt": ""}, "prompt"),
         ({"prompt": ["one", "two"]}, "prompt"),

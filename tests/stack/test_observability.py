@@ -129,6 +129,8 @@ def test_one_trace_spans_all_three_tiers_with_a_round_span_per_round(observed):
     assert sum(a["specdec.round.committed_tokens"] for a in attributes) == len(response.token_ids)
     assert sum(a["specdec.round.accepted"] for a in attributes) == stats.accepted_tokens
     assert sum(a["specdec.round.k"] for a in attributes) == stats.draft_tokens
+    sources = {a["specdec.round.draft_source"] for a in attributes if a["specdec.round.k"]}
+    assert sources and sources <= {"ngram", "ngram_short", "model"}
     assert all(a["specdec.round.verify_latency_ms"] > 0 and a["specdec.round.fallback"] is False for a in attributes)
 
     # The actor's verify span hangs under its round (W3C traceparent through Ray).
@@ -136,9 +138,11 @@ def test_one_trace_spans_all_three_tiers_with_a_round_span_per_round(observed):
     assert len(verifies) == stats.rounds
     assert {v["parent_span_id"] for v in verifies} <= {r["span_id"] for r in rounds}
     # The draft server's span came through gRPC metadata (OpenTelemetry's gRPC instrumentation).
-    assert any(
-        s["kind"] == "SERVER" and s["name"].endswith("DraftService/Propose") for s in by_service["specdec-draft"]
-    )
+    proposes = [
+        s for s in by_service["specdec-draft"] if s["kind"] == "SERVER" and s["name"].endswith("DraftService/Propose")
+    ]
+    assert proposes and all(s["attributes"]["specdec.draft.source"] == "ngram" for s in proposes)
+    assert sum(s["attributes"]["specdec.draft.tokens"] for s in proposes) >= stats.draft_tokens
 
     a = server["attributes"]
     assert a["gen_ai.operation.name"] == "text_completion"
