@@ -26,6 +26,7 @@ from specdec.coordinator.server import ServerConfig
 from specdec.core import flag_types
 
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
+log = logging.getLogger(__name__)
 METRICS_PORT = 9464
 
 
@@ -40,6 +41,7 @@ class CoordinatorConfig:
     server: ServerConfig
     engine: EngineConfig
     draft_auth_token: str | None = field(default=None, repr=False)  # sent as 'authorization: Bearer <token>'
+    pool_check_s: float = 2.0  # how often health checks that an actor of the pool answers
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -87,6 +89,14 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("grace", server.grace_s, flag_types.seconds, "seconds calls in flight get to finish after SIGTERM")
     flag("tls-cert", None, str, "PEM certificate chain file: serve TLS (with --tls-key) instead of plaintext")
     flag("tls-key", None, str, "PEM private key file of --tls-cert")
+    flag(
+        "api-key",
+        None,
+        str,
+        "clients of both APIs must send 'authorization: Bearer <key>' (health exempt); "
+        "prefer the env variable: flags show in ps",
+        secret=True,
+    )
     flag(
         "draft-auth-token",
         None,
@@ -151,9 +161,13 @@ async def serve(config: CoordinatorConfig) -> None:
         if server.http is not None:
             print(f"coordinator HTTP API (OpenAI-compatible) on {config.server.host}:{server.http_port}", flush=True)
         print(f"coordinator metrics on {metrics.address}", flush=True)
+        # Health follows the target tier: NOT_SERVING while no actor of the pool answers.
+        watch = loop.create_task(server.follow(pool.reachable, config.pool_check_s))
         try:
             await stop.wait()
         finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
             await server.stop()
             metrics.close()
 

@@ -10,7 +10,13 @@ Replica affinity: a `dns:///name:port` target resolves to every address behind t
 headless Kubernetes service gives one per pod), re-resolved every `resolve_every_s`; each
 session goes to the replica that wins rendezvous hashing (highest hash of session id + address),
 so a session stays on one replica, sessions spread evenly, and adding or removing a replica only
-moves the sessions that hashed to it (they miss once and prefill).
+moves the sessions that hashed to it (they miss once and prefill). A request's cache-affinity key,
+when it has one, takes the session id's place, so requests of one kind share a replica.
+
+Failover: with several replicas, each one's health is checked every `health_every_s`; a replica
+that fails a call in transport (UNAVAILABLE, DEADLINE_EXCEEDED) or does not answer SERVING is
+skipped until it does, and its sessions go to their next-ranked replica (a miss there, then the
+whole context): the failed call is retried there at once, so the round keeps its drafts.
 
 With `auth_token` set, every call carries `authorization: Bearer <token>`: a draft server started
 with the same `--auth-token` refuses calls without it.
@@ -26,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
 
 from specdec.core import draft_source
@@ -38,6 +45,8 @@ from specdec.runtime.kv_pool import common_prefix
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 _DRAFT_SERVICE = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
+# A call that failed with these found its replica gone, stalled or draining: try the next one.
+_REPLICA_DOWN = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,8 @@ class DraftClientConfig:
     # back in seconds, and until the channel reconnects every request decodes without drafts.
     reconnect_backoff_s: tuple[float, float] = (0.2, 5.0)  # (first, largest)
     auth_token: str | None = field(default=None, repr=False)  # the draft tier's --auth-token; None sends none
+    health_every_s: float = 1.0  # with several replicas, check each one's health this often
+    health_timeout_s: float = 1.0  # a health check unanswered this long counts the replica down
 
 
 @dataclass
@@ -80,6 +91,9 @@ class DraftClient:
         self._sessions: dict[str, _Sent] = {}
         self._closing: set[asyncio.Future] = set()
         self.misses = 0  # session-miss answers that led to a full resend
+        self.failovers = 0  # calls moved to the next-ranked replica after theirs failed
+        self._down: set[str] = set()  # replicas skipped until their health check answers SERVING
+        self._health: asyncio.Task | None = None
         self._metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else None
 
     async def propose(
@@ -94,7 +108,31 @@ class DraftClient:
         """`affinity`: the request's cache-affinity key; the replica is chosen by it instead of the
         session id, so every request with the key drafts on one replica."""
         tokens = list(tokens)
-        address = await self._replica(affinity or session_id)
+        key = affinity or session_id
+        address = await self._replica(key)
+        try:
+            return await self._propose_on(address, session_id, tokens, k, sampling, model_k)
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in _REPLICA_DOWN or len(self._addresses) < 2:
+                raise
+            # The replica is down or stalled: skip it until its health says SERVING again, and ask
+            # the next-ranked one now (it misses the session and takes the whole context).
+            self._down.add(address)
+            self.failovers += 1
+            fallback = await self._replica(key)
+            if fallback == address:
+                raise
+            return await self._propose_on(fallback, session_id, tokens, k, sampling, model_k)
+
+    async def _propose_on(
+        self,
+        address: str,
+        session_id: str,
+        tokens: list[int],
+        k: int,
+        sampling: SamplingParams,
+        model_k: int | None,
+    ) -> DraftProposal:
         sent = self._sessions.get(session_id)
         committed = common_prefix(sent.tokens, tokens) if sent is not None and sent.address == address else 0
         if sent is None or sent.address != address:
@@ -135,6 +173,10 @@ class DraftClient:
             pass
 
     async def close(self) -> None:
+        if self._health is not None:
+            self._health.cancel()
+            await asyncio.gather(self._health, return_exceptions=True)
+            self._health = None
         channels = [channel for channel, _ in self._channels.values()]
         self._channels.clear()
         await asyncio.gather(*(channel.close() for channel in channels), *self._closing)
@@ -167,12 +209,39 @@ class DraftClient:
         return await self._channels[address][1].Propose(request, timeout=self.config.timeout_s, metadata=self._metadata)
 
     async def _replica(self, key: str) -> str:
+        """The replica for `key`: rendezvous hashing over the replicas not skipped as down (so a
+        down replica's keys go to their next-ranked replica, and come back with its health)."""
         if self._dns is not None and time.monotonic() - self._resolved_at >= self.config.resolve_every_s:
             await self._resolve()
         if not self._channels:
             for address in self._addresses:
                 self._open(address)
-        return pick_replica(key, self._addresses)
+        if self._health is None and len(self._addresses) > 1:
+            self._health = asyncio.get_running_loop().create_task(self._watch_health())
+        live = [address for address in self._addresses if address not in self._down]
+        return pick_replica(key, live or self._addresses)
+
+    async def _watch_health(self) -> None:
+        """Check every replica's health every `health_every_s`: one that does not answer SERVING
+        in time (down, stalled, draining) is skipped until it does again."""
+        while True:
+            addresses = [a for a in self._addresses if a in self._channels]
+            states = await asyncio.gather(*(self._serving(self._channels[a][0]) for a in addresses))
+            for address, serving in zip(addresses, states):
+                if serving:
+                    self._down.discard(address)
+                else:
+                    self._down.add(address)
+            await asyncio.sleep(self.config.health_every_s)
+
+    async def _serving(self, channel: grpc.aio.Channel) -> bool:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=self.config.health_timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     async def _resolve(self) -> None:
         host, port = self._dns

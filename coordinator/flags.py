@@ -100,6 +100,7 @@ def server_config(args: argparse.Namespace, **more) -> ServerConfig:
         http_port=args.http_port or None,
         served_model_name=args.served_model_name,
         max_inflight=args.max_inflight,
+        api_key=getattr(args, "api_key", None) or None,
         **more,
     )
 

@@ -35,6 +35,7 @@ from specdec.coordinator import openai_protocol as oai
 from specdec.coordinator.calls import CallFailed, Calls, CallSpan
 from specdec.coordinator.engine import Delta
 from specdec.core.errors import InvalidArgument
+from specdec.draft_service.auth import bearer_matches
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,9 @@ _HTTP_STATUS = {
 class HttpApi:
     """The ASGI application (`app`) over one coordinator's `Calls`."""
 
-    def __init__(self, calls: Calls, served_model: str, max_context: int):
+    def __init__(self, calls: Calls, served_model: str, max_context: int, api_key: str | None = None):
         self.calls = calls
+        self.api_key = api_key  # every /v1 route wants `Authorization: Bearer <api_key>`; /health never
         self.served_model = served_model
         self.max_context = max_context
         self.serving = True  # False from the start of a stop: /health answers 503
@@ -73,7 +75,17 @@ class HttpApi:
     async def health(self, request: Request) -> Response:
         return Response(status_code=200 if self.serving else 503)
 
+    def _refused(self, request: Request) -> Response | None:
+        """401, as OpenAI's API answers a missing or wrong key, or None when the call may go on."""
+        if self.api_key is None or bearer_matches(request.headers.get("authorization"), self.api_key):
+            return None
+        metrics.REQUESTS.labels("", grpc.StatusCode.UNAUTHENTICATED.name).inc()
+        body = oai.error_body("missing or wrong API key", "invalid_request_error", code="invalid_api_key")
+        return JSONResponse(body, 401, {"www-authenticate": "Bearer"})
+
     async def models(self, request: Request) -> Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         model = {"id": self.served_model, "object": "model", "created": self.started, "owned_by": "specdec"}
         model["max_model_len"] = self.max_context
         return JSONResponse({"object": "list", "data": [model]})
@@ -85,6 +97,8 @@ class HttpApi:
         return await self._generate(request, oai.CHAT, "chatcmpl-")
 
     async def _generate(self, request: Request, kind: str, id_prefix: str) -> Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         call_id = uuid.uuid4().hex
         headers = {"x-request-id": call_id}
         try:

@@ -17,6 +17,8 @@ start of a stop; reflection lists GenerationService and Health.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -33,8 +35,11 @@ from specdec.coordinator.convert import request_from_proto, response_to_proto
 from specdec.coordinator.engine import Delta, SpeculativeEngine
 from specdec.coordinator.http_api import HttpApi, HttpServer
 from specdec.core import wire
+from specdec.draft_service.auth import BearerAuth
 from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 
@@ -56,6 +61,9 @@ class ServerConfig:
     served_model_name: str | None = None  # the model's id on the HTTP API; None: the target's name
     # (certificate chain PEM, private key PEM): serve TLS on the port; None serves plaintext.
     tls: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    # Calls on both APIs must carry `authorization: Bearer <api_key>` (health exempt): gRPC
+    # UNAUTHENTICATED, HTTP 401 without it. None: no key.
+    api_key: str | None = field(default=None, repr=False)
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):
@@ -206,7 +214,8 @@ class GenerationServer:
         self.calls = Calls(engine, config.max_inflight, tracer)
         self.servicer = GenerationServicer(self.calls)
         self.health = health_aio.HealthServicer()
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        interceptors = [BearerAuth(config.api_key, "missing or wrong API key")] if config.api_key else []
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         _add_generation_service(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -215,7 +224,7 @@ class GenerationServer:
         self.http: HttpServer | None = None
         if config.http_port is not None:
             name = config.served_model_name or self.calls.model_name
-            api = HttpApi(self.calls, name, engine.target.max_context)
+            api = HttpApi(self.calls, name, engine.target.max_context, api_key=config.api_key)
             self.http = HttpServer(api, config.host, config.http_port, config.grace_s)
         self.http_port = 0  # bound by `start`
 
@@ -241,6 +250,28 @@ class GenerationServer:
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        """Health SERVING or NOT_SERVING on both APIs (the coordinator's tiers reachable or not); calls are
+        still taken either way, and get UNAVAILABLE while the target tier is gone."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
+        if self.http is not None:
+            self.http.api.serving = serving  # GET /health: 200 or 503
+
+    async def follow(self, reachable: Callable[[], Awaitable[bool]], every_s: float) -> None:
+        """Health follows `reachable` (the target tier: does any actor answer?), checked every
+        `every_s` until cancelled: NOT_SERVING while it says no (a head restart, a pool scaled to
+        zero), so balancers send calls elsewhere; SERVING again once it says yes."""
+        serving = True
+        while True:
+            await asyncio.sleep(every_s)
+            now = await reachable()
+            if now != serving:
+                log.warning("target tier %s", "reachable again" if now else "unreachable: health NOT_SERVING")
+                await self.set_serving(now)
+                serving = now
 
     async def stop(self, grace_s: float | None = None) -> None:
         """NOT_SERVING, refuse new calls, give calls in flight `grace_s` (default: the config's)."""

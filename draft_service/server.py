@@ -12,7 +12,6 @@ the start of a drain; reflection lists DraftService and Health.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import signal
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from specdec.core.packing import pack_probs
 from specdec.core.sampling import SamplingParams
 from specdec.core.wire import MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_BYTES, SESSION_MISS, server_options
 from specdec.draft_service import metrics
+from specdec.draft_service.auth import BearerAuth
 from specdec.draft_service.service import (
     DeadlineExpired,
     DraftConfig,
@@ -49,7 +49,6 @@ SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 _KNOWN_ENCODINGS = frozenset(common_pb2.DraftProbsEncoding.values())
 # Packing a dense Gemma-vocabulary q (1 MiB per row) takes milliseconds: off the event loop.
 _PACK_IN_THREAD_ELEMENTS = 1 << 16
-_HEALTH_METHODS = f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/"
 # The draft protocol's limits, the ones the draft client sends and accepts (DraftClientConfig).
 SERVER_OPTIONS = server_options(MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_BYTES)
 
@@ -170,33 +169,6 @@ async def _response_to_proto(result: ProposeResult, encoding: int) -> draft_pb2.
     return response
 
 
-class _TokenAuth(grpc.aio.ServerInterceptor):
-    """Refuses every call but health checks unless its metadata has `authorization: Bearer <token>`."""
-
-    def __init__(self, token: str):
-        self._expected = f"Bearer {token}".encode()
-
-    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
-        handler = await continuation(details)
-        if handler is None or details.method.startswith(_HEALTH_METHODS):
-            return handler
-        given = next((value for key, value in details.invocation_metadata or () if key == "authorization"), "")
-        if hmac.compare_digest(given.encode() if isinstance(given, str) else given, self._expected):  # no timing hint
-            return handler
-
-        async def refuse(request, context: grpc.aio.ServicerContext):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
-        # The refusal takes the handler's shape; its request stays unparsed bytes.
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(refuse)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(refuse)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(refuse)
-        return grpc.unary_unary_rpc_method_handler(refuse)
-
-
 class DraftServer:
     """DraftService, health and reflection on one port. Start it, then `set_core` once the model
     is loaded (health turns SERVING); `begin_drain` then `stop` to shut down gracefully. With an
@@ -210,7 +182,7 @@ class DraftServer:
         # generator, and Health.Watch is not one (it broke Watch, measured).
         interceptors = [aio_server_interceptor(filter_=filters.service_name(SERVICE_NAME))]
         if auth_token:
-            interceptors.insert(0, _TokenAuth(auth_token))  # first: a refused call opens no span
+            interceptors.insert(0, BearerAuth(auth_token))  # first: a refused call opens no span
         self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -91,7 +91,25 @@ class TargetPool:
         self._refreshed = time.monotonic()
 
     async def info(self) -> dict:
+        if not self.actors:
+            raise TargetUnavailable(f"no target actors named {self.config.prefix}-N in {self.config.namespace}")
         return await next(iter(self.actors.values())).info.remote()
+
+    async def reachable(self, timeout_s: float = 2.0) -> bool:
+        """Whether any actor of the pool answers within `timeout_s` (the actors are looked up
+        again first: after a head restart the old handles name actors that are gone)."""
+        try:
+            await asyncio.to_thread(self.refresh)
+        except Exception:  # noqa: BLE001 - the head itself is unreachable: nothing is
+            return False
+        if not self.actors:
+            return False
+        done, pending = await asyncio.wait(
+            [asyncio.ensure_future(_future(actor.load.remote())) for actor in self.actors.values()], timeout=timeout_s
+        )
+        for future in pending:
+            future.cancel()
+        return any(not isinstance(future.result(), _Failed) for future in done)
 
     async def verify(
         self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams
@@ -167,12 +185,16 @@ class TargetPool:
             self.refresh()
         placement = self.sessions.get(session_id)
         if placement is None or placement.actor not in self.actors:
+            if not self.actors:
+                self.refresh()  # a pool that lost every actor may have new ones
             placement = self.sessions[session_id] = _Placement(self._least_loaded())
         return placement
 
     def _least_loaded(self, avoid: set[str] = frozenset()) -> str:
         """The actor with the least reported load plus what this pool placed since the report;
         ties broken at random, so coordinators starting together do not all pick actor 0."""
+        if not self.actors:
+            raise TargetUnavailable(f"no target actors named {self.config.prefix}-N in {self.config.namespace}")
         names = [name for name in self.actors if name not in avoid] or list(self.actors)
 
         def load(name: str) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 
@@ -25,6 +26,7 @@ from specdec.core import flag_types
 from specdec.drafts.shipped_draft import AUTO, resolve_drafter
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+API_KEY_ENV = "SPECDEC_API_KEY"  # `specdec up`'s and `specdec generate`'s --api-key default
 # Prompt lookup drafts well when the output repeats the prompt, as code does: the embedded model
 # writes sub, mul and div after this, with about 60% of the drafts accepted.
 DEMO_PROMPT = "def add(a: int, b: int) -> int:\n    return a + b\n\n\ndef sub("
@@ -58,6 +60,7 @@ def _generate_parser(sub) -> None:
         default=None,
         help="PEM file of the CA that signed the coordinator's certificate: call over TLS (default: plaintext)",
     )
+    _add_api_key_flag(p, "the coordinator's API key, sent as 'authorization: Bearer <key>'")
     p.add_argument("--in-process", action="store_true", help="run draft, target and engine in this process")
     _add_model_flags(p, scope="; --in-process only")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -109,6 +112,15 @@ def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
     )
     add_engine_flags(plain_flag(p))
     add_http_flags(plain_flag(p), HTTP_PORT if port else 0)  # demo (port 0) serves no HTTP
+    _add_api_key_flag(p, "clients of both APIs must send 'authorization: Bearer <key>' (health exempt)")
+
+
+def _add_api_key_flag(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"{what} (default: ${API_KEY_ENV}, else none; prefer the variable: flags show in ps)",
+    )
 
 
 def _request_proto(args):
@@ -174,6 +186,7 @@ def _cmd_generate(args) -> int:
                 as_json=args.json,
                 timeout_s=args.timeout,
                 tls_ca=tls_ca,
+                api_key=args.api_key,
             )
         )
     from google.protobuf import json_format
@@ -210,10 +223,11 @@ async def call_coordinator(
     timeout_s: float | None = None,
     summary_file=None,
     tls_ca: bytes | None = None,
+    api_key: str | None = None,
 ) -> int:
     """Send `request` (a GenerateRequest) to the coordinator at `address` and print the text (as
     it arrives when `stream`), then the statistics and the trace id to `summary_file` (stderr).
-    `tls_ca` (PEM): call over TLS, trusting that CA."""
+    `tls_ca` (PEM): call over TLS, trusting that CA; `api_key`: sent as a bearer token."""
     import grpc
     from google.protobuf import json_format
 
@@ -221,6 +235,7 @@ async def call_coordinator(
     from specdec.v1 import generation_pb2_grpc
 
     summary_file = summary_file or sys.stderr
+    metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
     start = time.perf_counter()
     first_token_s = None
     if tls_ca is None:
@@ -234,7 +249,9 @@ async def call_coordinator(
                 response = pb.GenerateResponse()
                 # Same fields, same numbers: the stream request is the unary one re-read.
                 async for message in stub.GenerateStream(
-                    pb.GenerateStreamRequest.FromString(request.SerializeToString()), timeout=timeout_s
+                    pb.GenerateStreamRequest.FromString(request.SerializeToString()),
+                    timeout=timeout_s,
+                    metadata=metadata,
                 ):
                     if first_token_s is None and message.token_ids:
                         first_token_s = time.perf_counter() - start
@@ -250,7 +267,7 @@ async def call_coordinator(
                         response.usage.CopyFrom(message.usage)
                         response.speculation.CopyFrom(message.speculation)
             else:
-                response = await stub.Generate(request, timeout=timeout_s)
+                response = await stub.Generate(request, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as e:
             if stream and not as_json:
                 print(file=sys.stdout)

@@ -50,6 +50,8 @@ ENV_POLICY: dict[str, tuple[str, ...] | str] = {
     "SPECDEC_DRAFT_AUTH_TOKEN": "default: unset leaves the draft port open to the cluster network; "
     "set it from a Secret to require a token",
     "SPECDEC_COORDINATOR_DRAFT_AUTH_TOKEN": "default: goes with SPECDEC_DRAFT_AUTH_TOKEN (the same Secret)",
+    "SPECDEC_API_KEY": "default: read by `specdec up` and `specdec generate` only; a cluster's coordinators "
+    "read SPECDEC_COORDINATOR_API_KEY (from the optional Secret specdec-api-key)",
     "SPECDEC_PACKED_LINEAR": "default: on, oneDNN's packed kernels for verify passes on a CPU "
     "(a second copy of the weights: 1.07 GB for the embedded target, inside the CPU overlay's 4 GiB worker); "
     "off on a GPU by itself",

@@ -14,6 +14,8 @@ import sys
 import time
 
 import grpc
+import httpx2 as httpx
+import openai
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -214,6 +216,65 @@ def test_coordinator_flags_and_environment_give_the_tls_files(tls_server):
 
 
 # --- a token on the draft tier ----------------------------------------------------------------------------------------
+
+
+# --- the public API's key -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed_server(served):
+    """A GenerationServer over the served engine with an API key, gRPC and HTTP; yields (server, key)."""
+    key = "sk-" + os.urandom(8).hex()
+
+    async def start():
+        server = GenerationServer(served.engine, ServerConfig(port=0, http_port=0, api_key=key))
+        await server.start()
+        return server
+
+    server = served.loop.run(start())
+    yield server, key
+    served.loop.run(server.stop(0))
+
+
+def test_an_api_key_is_required_on_both_apis_but_not_for_health(keyed_server, served, capsys):
+    server, key = keyed_server
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = generation_pb2_grpc.GenerationServiceStub(channel)
+        for metadata in (None, (("authorization", "Bearer wrong"),), (("authorization", key),)):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Generate(served.good_request(), metadata=metadata, timeout=30)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.GenerateStream(pb.GenerateStreamRequest(prompt_token_ids=PROMPT), timeout=30))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        good = (("authorization", f"Bearer {key}"),)
+        assert len(stub.Generate(served.good_request(), metadata=good, timeout=30).token_ids) == 6
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes carry no secret
+    base = f"http://127.0.0.1:{server.http_port}"
+    refused = httpx.get(base + "/v1/models", timeout=10)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    refused = httpx.post(base + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}, timeout=10)
+    assert refused.status_code == 401
+    assert httpx.get(base + "/health", timeout=10).status_code == 200
+    client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0)
+    completion = client.completions.create(model=client.models.list().data[0].id, prompt=PROMPT, max_tokens=3)
+    assert completion.usage.completion_tokens == 3
+    client.close()
+    code = cli.main(
+        ["generate", "x", "--address", f"127.0.0.1:{server.port}", "--max-new-tokens", "2", "--api-key", key]
+    )
+    assert code == 0
+    assert cli.main(["generate", "x", "--address", f"127.0.0.1:{server.port}", "--max-new-tokens", "2"]) != 0
+    assert key not in capsys.readouterr().err
+
+
+def test_api_key_flags_and_environment_and_no_key_in_help_or_repr():
+    key = "sk-" + os.urandom(8).hex()
+    config = coordinator_main.parse_config(["--draft", "d:1"], {"SPECDEC_COORDINATOR_API_KEY": key})
+    assert config.server.api_key == key and key not in repr(config)
+    assert coordinator_main.parse_config(["--draft", "d:1"], {}).server.api_key is None
+    assert key not in coordinator_main._parser({"SPECDEC_COORDINATOR_API_KEY": key}).format_help()
 
 
 def test_token_flags_and_environment_and_no_token_in_help_or_repr():

@@ -10,6 +10,7 @@ import math
 from contextlib import contextmanager
 
 import grpc
+import httpx2 as httpx
 import pytest
 import ray
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,7 +32,7 @@ from specdec.draft_service.server import DraftServer
 from specdec.draft_service.service import DraftCore
 from specdec.local.in_process import build_engine
 from specdec.target_service.actor import ActorConfig
-from specdec.target_service.pool import PoolConfig, TargetOverloaded, TargetPool, launch
+from specdec.target_service.pool import PoolConfig, TargetOverloaded, TargetPool, TargetUnavailable, launch
 from specdec.v1 import common_pb2, generation_pb2_grpc
 from specdec.v1 import generation_pb2 as pb
 
@@ -271,6 +272,44 @@ def test_a_full_target_tier_is_resource_exhausted_not_internal():
             with pytest.raises(grpc.RpcError) as info:
                 stub.Generate(_request(), timeout=30)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "full queues" in info.value.details()
+
+
+def test_a_target_tier_gone_is_not_serving_and_unavailable_until_it_returns():
+    """Health follows the target tier (`GenerationServer.follow`, fed by the pool's `reachable`):
+    NOT_SERVING while no actor answers, SERVING again when one does; calls meanwhile are
+    UNAVAILABLE (TargetUnavailable), never INTERNAL."""
+    tier = {"up": True}
+
+    class GoneTier:
+        target = GatedEngine().target
+
+        async def stream(self, request):
+            raise TargetUnavailable("no target actors named specdec-target-N in specdec")
+            yield  # an async generator, as the engine's stream is
+
+    async def reachable() -> bool:
+        return tier["up"]
+
+    with serving(GoneTier(), http_port=0) as (loop, server):
+        http_health = f"http://127.0.0.1:{server.http_port}/health"
+        following = asyncio.run_coroutine_threadsafe(server.follow(reachable, 0.02), loop.loop)
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def status():
+                return health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=10).status
+
+            assert status() == health_pb2.HealthCheckResponse.SERVING
+            tier["up"] = False
+            until(lambda: status() == health_pb2.HealthCheckResponse.NOT_SERVING)
+            assert httpx.get(http_health, timeout=10).status_code == 503
+            with pytest.raises(grpc.RpcError) as info:
+                generation_pb2_grpc.GenerationServiceStub(channel).Generate(_request(), timeout=30)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "no target actors" in info.value.details()
+            tier["up"] = True
+            until(lambda: status() == health_pb2.HealthCheckResponse.SERVING)
+            assert httpx.get(http_health, timeout=10).status_code == 200
+        following.cancel()
 
 
 # --- health, reflection, the CLI ----------------------------------------------------------------------------

@@ -16,8 +16,10 @@ import grpc
 import pytest
 from draft_kit import (
     DRAFT_SEED,
+    NEW_TOKENS,
     PROMPT,
     REPO,
+    TARGET_SEED,
     gate,
     propose_request,
     run,
@@ -25,11 +27,14 @@ from draft_kit import (
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from specdec.coordinator.clients import DraftClient, pick_replica
+from specdec.coordinator.clients import DraftClient, DraftClientConfig, pick_replica
+from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.__main__ import parse_config
 from specdec.draft_service.server import SERVICE_NAME, DraftServer
 from specdec.draft_service.service import DraftCore
+from specdec.local.in_process import LocalVerifier
+from specdec.target_service.verifier import TargetVerifier
 from specdec.v1 import draft_pb2_grpc
 
 # --- health, reflection, draining, the process -----------------------------------------------------
@@ -202,6 +207,52 @@ def test_a_cache_affinity_key_sends_every_request_of_a_kind_to_one_replica():
             for i in range(8):
                 await client.end_session(f"kind-{i}")
             assert not any(s.startswith("kind-") for server in servers for s in server.core.store)
+        finally:
+            await client.close()
+            for server in servers:
+                await server.stop(0)
+
+    run(check())
+
+
+def test_a_dead_replicas_sessions_fail_over_to_the_next_ranked_and_come_back_with_its_health(tiny):
+    target = tiny("llama", TARGET_SEED)
+    config = EngineConfig(max_draft_tokens=8, pipeline=False, adaptive=False)
+    requests = [
+        GenerationRequest(prompt_token_ids=[60 + i, *PROMPT], max_new_tokens=NEW_TOKENS, max_draft_tokens=4)
+        for i in range(6)
+    ]
+
+    async def check():
+        servers = [DraftServer(DraftCore(None)) for _ in range(2)]
+        ports = [await server.start("127.0.0.1", 0) for server in servers]
+        addresses = [f"127.0.0.1:{port}" for port in ports]
+        client = DraftClient(addresses, DraftClientConfig(health_every_s=0.05))
+        engine = SpeculativeEngine(client, LocalVerifier(TargetVerifier(target)), target, config)
+        try:
+            expected = [(await engine.generate(r)).token_ids for r in requests]  # both replicas up
+            first = pick_replica("s", addresses)
+            dead = addresses.index(first)
+            await client.propose("s", PROMPT, 3, SamplingParams())
+            assert "s" in servers[dead].core.store
+            await servers[dead].stop(0)
+            # The call finds its replica gone and goes to the other one at once, with the context.
+            longer = [*PROMPT, 5, 17]
+            assert await client.propose("s", longer, 3, SamplingParams())
+            assert "s" in servers[1 - dead].core.store
+            # Every request drafts on the live replica: no round without drafts, the same tokens.
+            results = [await engine.generate(r) for r in requests]
+            assert [r.token_ids for r in results] == expected
+            assert sum(r.stats.draft_failures for r in results) == 0
+            assert sum(r.stats.draft_tokens for r in results) > 0
+            # Back on its port: SERVING again, so its sessions return to it (a miss, a resend).
+            servers[dead] = DraftServer(DraftCore(None))
+            await servers[dead].start("127.0.0.1", ports[dead])
+            async with asyncio.timeout(10):
+                while addresses[dead] in client._down:
+                    await asyncio.sleep(0.05)
+            await client.propose("s", [*longer, 42], 3, SamplingParams())
+            assert "s" in servers[dead].core.store
         finally:
             await client.close()
             for server in servers:

@@ -15,7 +15,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
 from specdec.target_service.actor import ActorConfig
-from specdec.target_service.pool import PoolConfig, TargetPool, _Placement, launch
+from specdec.target_service.pool import PoolConfig, TargetPool, TargetUnavailable, _Placement, launch
 from specdec.target_service.verifier import TargetVerifier
 
 PROMPTS = [
@@ -251,3 +251,23 @@ def test_a_stalled_actor_costs_a_move_not_a_hung_request(tiny, pool_factory):
         os.kill(stalled, signal.SIGCONT)
     assert result == verifier.verify(*_round("s", PROMPTS[0]))
     assert pool.sessions["s"].actor == names[1] and 1.0 <= waited < 15
+
+
+def test_a_pool_without_actors_is_unreachable_and_its_rounds_unavailable_until_actors_return(
+    tiny, tiny_dir, pool_factory
+):
+    """Every actor gone (a head restart, a pool scaled to zero): `reachable` says so (the
+    coordinator's health turns NOT_SERVING) and a round gets TargetUnavailable (UNAVAILABLE at the
+    API), never an internal error; actors created again under the same names serve again."""
+    pool = pool_factory()
+    remote, _ = _engines(tiny, pool, "ngram")
+    request = GenerationRequest(prompt_token_ids=PROMPTS[0], max_new_tokens=4, max_draft_tokens=2)
+    assert asyncio.run(pool.reachable())
+    for actor in pool.actors.values():
+        ray.kill(actor, no_restart=True)
+    assert not asyncio.run(pool.reachable()) and pool.actors == {}
+    with pytest.raises(TargetUnavailable):
+        asyncio.run(remote.generate(request))
+    launch(ActorConfig(target_model=tiny_dir("llama", 1)), 1, prefix=pool.config.prefix, namespace="specdec-test")
+    assert asyncio.run(pool.reachable())
+    assert len(asyncio.run(remote.generate(request)).token_ids) == 4
