@@ -2,8 +2,11 @@
 
 With `--address`, the pool is created (or resized) on that Ray cluster as detached, named actors
 and the command returns: they live on in the cluster and coordinators find them by name. With
-no address, a local Ray is started for the pool, and the command stays in the foreground (the
-local cluster ends with it) until Ctrl-C or SIGTERM.
+`--keep SECONDS` as well, it stays and keeps the pool at its size, checking that often: missing
+actors (after a head restart, all of them) are created again, extra ones drained then removed;
+it exits with an error when the cluster cannot be reached, for its supervisor to restart it.
+With no address, a local Ray is started for the pool, and the command stays in the foreground
+(the local cluster ends with it) until Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import replace
 
 from specdec.core import flag_types
 from specdec.target_service.actor import ActorConfig
-from specdec.target_service.pool import NAMESPACE, PREFIX, actor_names, launch
+from specdec.target_service.pool import NAMESPACE, PREFIX, actor_names, keep, launch
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +77,19 @@ def _parser() -> argparse.ArgumentParser:
         "(default: a local Ray's CPUs shared out, 1 on a cluster)",
     )
     p.add_argument("--full-precision", action="store_true", help="fp32 on GPUs too (CPU is always fp32)")
+    p.add_argument(
+        "--keep",
+        type=flag_types.seconds,
+        default=0.0,
+        help="with --address: stay, and every this many seconds recreate missing actors and drain extra ones "
+        "(0: create or resize once and return)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=flag_types.seconds,
+        default=60.0,
+        help="seconds an actor being removed gets to finish its queued rounds (its sessions move at once)",
+    )
     return p
 
 
@@ -111,13 +127,21 @@ def main(argv: list[str] | None = None) -> int:
         print("specdec target: --gpus-per-actor must be >= 0", file=sys.stderr)
         return 2
     config = replace(config, cpus=cpus, gpus=args.gpus_per_actor)
-    names = launch(config, args.replicas, prefix=args.name, namespace=args.namespace)
+    names = launch(config, args.replicas, prefix=args.name, namespace=args.namespace, drain_s=args.drain_timeout)
     print(f"target pool {args.name} in namespace {args.namespace}: {', '.join(names)}", flush=True)
-    if args.address:
-        return 0
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if args.address and args.keep:
+        print(f"keeping the pool at {args.replicas} actors (checked every {args.keep:g} s)", flush=True)
+        try:
+            keep(config, args.replicas, args.name, args.namespace, args.keep, stop, args.drain_timeout)
+        except Exception as e:  # noqa: BLE001 - the cluster is gone: exit for the supervisor to restart us
+            print(f"specdec target: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if args.address:
+        return 0
     print("local Ray: serving until Ctrl-C", flush=True)
     stop.wait()
     import ray

@@ -93,6 +93,7 @@ class TargetActor:
         metrics.KV_BLOCKS_USED.set_function(lambda: self.verifier.pool.used_blocks)
         metrics.KV_BLOCKS_TOTAL.set(self.verifier.pool.num_blocks)
         self._preempted = 0
+        self.draining = False  # set by `drain`: every round is answered `overloaded` from then on
         # The first free port from metrics_port on: actors sharing a node count up from it.
         self.metrics = MetricsServer(config.metrics_host, config.metrics_port, search=64)
 
@@ -125,13 +126,21 @@ class TargetActor:
             "kv_blocks_used": self.verifier.pool.used_blocks,
             "kv_blocks_total": self.verifier.pool.num_blocks,
             "preempted": self.verifier.sessions.evicted.pressure,
+            "draining": self.draining,
         }
+
+    def drain(self) -> dict:
+        """Take no more rounds: each is answered `overloaded`, so the pool moves its session (with
+        its context) to another actor; rounds already queued finish. Returns `load()`: the actor
+        may go once it shows nothing queued or running."""
+        self.draining = True
+        return self.load()
 
     async def verify(self, request: VerifyRequest) -> VerifyReply:
         if self._worker is None:  # the actor's event loop exists only once a call runs
             self._wakeup = asyncio.Event()
             self._worker = asyncio.get_running_loop().create_task(self._drain())
-        if len(self._queue) >= self.config.max_queue:
+        if self.draining or len(self._queue) >= self.config.max_queue:
             metrics.OVERLOADED.inc()
             return VerifyReply(None, overloaded=True)
         future = asyncio.get_running_loop().create_future()

@@ -17,9 +17,12 @@ next refresh.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +35,8 @@ from specdec.core.acceptance import DraftProposal, Verification
 from specdec.core.sampling import SamplingParams
 from specdec.target_service.actor import ActorConfig, remote_actor_class
 from specdec.target_service.protocol import VerifyRequest
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "specdec"
 PREFIX = "specdec-target"
@@ -244,6 +249,8 @@ class TargetPool:
 def _load_score(load: dict) -> float:
     """One number per actor: sessions held, rounds waiting, plus the share of KV blocks in use
     (so an actor whose pool is filling loses ties, and then more)."""
+    if load.get("draining"):
+        return math.inf  # on its way out: never a new session's first choice
     blocks = load["kv_blocks_used"] / max(1, load["kv_blocks_total"])
     return load["sessions"] + load["queued"] + 8 * blocks
 
@@ -272,11 +279,14 @@ def actor_names(prefix: str, namespace: str) -> list[str]:
     return sorted(found, key=lambda name: int(pattern.match(name).group(1)))
 
 
-def launch(config: ActorConfig, replicas: int, prefix: str = PREFIX, namespace: str = NAMESPACE) -> list[str]:
+def launch(
+    config: ActorConfig, replicas: int, prefix: str = PREFIX, namespace: str = NAMESPACE, drain_s: float = 60.0
+) -> list[str]:
     """Create or resize the pool to `replicas` named actors; returns their names once all are up.
 
-    Existing actors are kept (their caches too); extra ones beyond `replicas` are killed. Actors
-    are detached: they outlive this call (and its process), owned by the cluster, not by us.
+    Existing actors are kept (their caches too); extra ones beyond `replicas` are drained, then
+    killed (`drain`). Actors are detached: they outlive this call (and its process), owned by the
+    cluster, not by us.
     """
     import torch
 
@@ -293,6 +303,45 @@ def launch(config: ActorConfig, replicas: int, prefix: str = PREFIX, namespace: 
         options["runtime_env"] = {"env_vars": otel}
     handles = [cls.options(name=f"{prefix}-{i}", **options).remote(config) for i in range(replicas)]
     ray.get([h.info.remote() for h in handles])  # raises here if a model fails to load
-    for name in actor_names(prefix, namespace)[replicas:]:
-        ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+    extra = [ray.get_actor(name, namespace=namespace) for name in actor_names(prefix, namespace)[replicas:]]
+    drain(extra, drain_s)
     return [f"{prefix}-{i}" for i in range(replicas)]
+
+
+def drain(actors: list[ActorHandle], timeout_s: float) -> None:
+    """Remove `actors` without failing a round: each stops taking rounds (its sessions move to the
+    other actors on their next round, with their context) and is killed once the rounds it had
+    queued are done, or after `timeout_s`."""
+    if not actors:
+        return
+    loads = ray.get([actor.drain.remote() for actor in actors])
+    deadline = time.monotonic() + timeout_s
+    busy = [a for a, load in zip(actors, loads) if load["queued"] or load["running"]]
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.1)
+        loads = ray.get([actor.load.remote() for actor in busy])
+        busy = [a for a, load in zip(busy, loads) if load["queued"] or load["running"]]
+    for actor in actors:
+        ray.kill(actor, no_restart=True)
+
+
+def keep(
+    config: ActorConfig,
+    replicas: int,
+    prefix: str = PREFIX,
+    namespace: str = NAMESPACE,
+    every_s: float = 10.0,
+    stop: threading.Event | None = None,
+    drain_s: float = 60.0,
+) -> None:
+    """Keep the pool at `replicas` actors until `stop` is set: every `every_s`, create the actors
+    that are missing (after a head restart, all of them) and drain the extra ones. An error (the
+    head unreachable) propagates: the keeper's process exits and its supervisor restarts it."""
+    stop = stop or threading.Event()
+    while True:
+        names = actor_names(prefix, namespace)
+        if names != [f"{prefix}-{i}" for i in range(replicas)]:
+            log.warning("target pool %s: %d actors, want %d: reconciling", prefix, len(names), replicas)
+            launch(config, replicas, prefix, namespace, drain_s)
+        if stop.wait(every_s):
+            return

@@ -298,7 +298,7 @@ def check_wiring(objs: list[dict]) -> list[str]:
                     f"Service {svc_name} sends port {port} to container port {numbers}, "
                     f"the draft listens on {draft.port}"
                 )
-    # coordinator and pool Job -> Ray head's client port; both name the same pool.
+    # coordinator and pool keeper -> Ray head's client port; both name the same pool.
     for who, address in (
         ("coordinator --ray-address", coordinator.ray_address),
         ("target-pool --address", pool.address),
@@ -322,7 +322,7 @@ def check_wiring(objs: list[dict]) -> list[str]:
             problems.append(f"{who}: namespace {m.group(2)} is not the deployment's ({coordinator_ns})")
     if (pool.name, pool.namespace) != (coordinator.target_pool, coordinator.namespace):
         problems.append(
-            f"the Job creates pool {pool.name} in Ray namespace {pool.namespace}; "
+            f"the keeper creates pool {pool.name} in Ray namespace {pool.namespace}; "
             f"the coordinator looks for {coordinator.target_pool} in {coordinator.namespace}"
         )
     # Draft length: the coordinator may not ask the draft for more than it serves.
@@ -393,7 +393,7 @@ def check_target_tier(objs: list[dict], overlay: str) -> list[str]:
     if spec["headGroupSpec"]["rayStartParams"].get("num-cpus") != "0":
         problems.append('Ray head: rayStartParams num-cpus must be "0" (no work scheduled on it)')
     if not spec.get("enableInTreeAutoscaling"):
-        problems.append("RayCluster: enableInTreeAutoscaling must be on (the pool Job scales the worker group)")
+        problems.append("RayCluster: enableInTreeAutoscaling must be on (the pool keeper scales the worker group)")
     # KubeRay treats the Ray container's port named "metrics" as Ray's own exporter.
     for name, group in [("head", spec["headGroupSpec"])] + [(g["groupName"], g) for g in spec["workerGroupSpecs"]]:
         ray_container = group["template"]["spec"]["containers"][0]

@@ -18,6 +18,8 @@ import io
 import json
 import os
 import re
+import shutil
+import subprocess
 import tomllib
 
 import jsonschema
@@ -84,7 +86,7 @@ def test_every_manifest_parses_and_both_overlays_render(overlay):
         ("Service", "specdec-draft"),
         ("HorizontalPodAutoscaler", "specdec-draft"),
         ("RayCluster", "specdec-target"),
-        ("Job", "specdec-target-pool"),
+        ("Deployment", "specdec-target-pool"),
         ("Deployment", "specdec-coordinator"),
         ("Service", "specdec-coordinator"),
         ("HorizontalPodAutoscaler", "specdec-coordinator"),
@@ -325,7 +327,7 @@ def test_the_checks_catch_broken_manifests():
         (check_env, "ConfigMap", config_name, lambda o: _config(o).update(SPECDEC_CACHE_DIR="/tmp/elsewhere")),
         (
             check_env,
-            "Job",
+            "Deployment",
             "specdec-target-pool",
             lambda o: _draft(o)["env"].pop(
                 next(i for i, v in enumerate(_draft(o)["env"]) if v["name"] == "RAY_AUTH_TOKEN")
@@ -365,10 +367,15 @@ def test_the_checks_catch_broken_manifests():
             lambda o: _config(o).update(SPECDEC_COORDINATOR_PIPELINE="yes"),
         ),
         (check_command_lines, "ConfigMap", config_name, lambda o: _config(o).update(SPECDEC_DRAFT_PORT="50052")),
-        (check_command_lines, "Job", "specdec-target-pool", lambda o: _draft(o)["args"].__setitem__(0, "targets")),
         (
             check_command_lines,
-            "Job",
+            "Deployment",
+            "specdec-target-pool",
+            lambda o: _draft(o)["args"].__setitem__(0, "targets"),
+        ),
+        (
+            check_command_lines,
+            "Deployment",
             "specdec-target-pool",
             lambda o: _draft(o)["args"].__setitem__(_draft(o)["args"].index("$(TARGET_MODEL)"), "$(TARGET_MODLE)"),
         ),
@@ -393,7 +400,7 @@ def test_the_checks_catch_broken_manifests():
         ),
         (
             check_wiring,
-            "Job",
+            "Deployment",
             "specdec-target-pool",
             lambda o: _draft(o)["args"].__setitem__(_draft(o)["args"].index("--metrics-host") + 1, "127.0.0.1"),
         ),
@@ -418,7 +425,7 @@ def test_the_checks_catch_broken_manifests():
     # Target tier: too many actors for the group; a GPU in the CPU overlay; work on the head.
     too_many = _break(
         objs,
-        "Job",
+        "Deployment",
         "specdec-target-pool",
         lambda o: next(v for v in _draft(o)["env"] if v["name"] == "TARGET_REPLICAS").update(value="9"),
     )
@@ -453,3 +460,24 @@ def test_the_checks_catch_broken_manifests():
     assert check_target_tier(renamed, "dev-cpu") != [], (
         "the actor's port may not take the name KubeRay gives Ray's exporter"
     )
+
+
+@pytest.mark.parametrize("overlay", ["dev-cpu", "gpu"])
+def test_apply_works_again_after_a_configuration_change(overlay, tmp_path):
+    """`kubectl apply -k` after one key of specdec.env changed: the ConfigMap gets a new hashed
+    name, every object that names it changes with it, and none of those is immutable (no Job: the
+    pool keeper is a Deployment)."""
+    copy_dir = tmp_path / "k8s"
+    shutil.copytree(K8S, copy_dir)
+    env = copy_dir / "base" / "specdec.env"
+    env.write_text(env.read_text().replace("SPECDEC_DRAFT_MAX_BATCH=16", "SPECDEC_DRAFT_MAX_BATCH=8"))
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(copy_dir / "overlays" / overlay)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    before = {(o["kind"], o["metadata"]["name"]): o for o in render(overlay)}
+    after = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(done.stdout) if o}
+    changed = {key for key in before.keys() & after.keys() if before[key] != after[key]}
+    assert ("Deployment", "specdec-target-pool") in changed  # it names the config: it rolls
+    immutable = {"Job", "CronJob", "Pod"}
+    assert not [key for key in before.keys() | after.keys() if key[0] in immutable]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from dataclasses import replace
 
@@ -15,7 +16,15 @@ from specdec.core.sampling import SamplingParams
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
 from specdec.target_service.actor import ActorConfig
-from specdec.target_service.pool import PoolConfig, TargetPool, TargetUnavailable, _Placement, launch
+from specdec.target_service.pool import (
+    PoolConfig,
+    TargetPool,
+    TargetUnavailable,
+    _Placement,
+    actor_names,
+    keep,
+    launch,
+)
 from specdec.target_service.verifier import TargetVerifier
 
 PROMPTS = [
@@ -271,3 +280,63 @@ def test_a_pool_without_actors_is_unreachable_and_its_rounds_unavailable_until_a
     launch(ActorConfig(target_model=tiny_dir("llama", 1)), 1, prefix=pool.config.prefix, namespace="specdec-test")
     assert asyncio.run(pool.reachable())
     assert len(asyncio.run(remote.generate(request)).token_ids) == 4
+
+
+def test_resizing_under_load_drains_the_removed_actor_and_loses_no_round(tiny, tiny_dir, pool_factory):
+    """2 -> 1 actors while four requests generate: the removed actor stops taking rounds, its
+    sessions move (with their context) to the other, it goes once its queued rounds are done; every
+    request ends with the in-process output."""
+    pool = pool_factory(2)
+    remote, local = _engines(tiny, pool, "ngram")
+    requests = [GenerationRequest(prompt_token_ids=p, max_new_tokens=NEW_TOKENS, max_draft_tokens=2) for p in PROMPTS]
+    expected = [asyncio.run(local.generate(r)).token_ids for r in requests]
+    removed = f"{pool.config.prefix}-1"
+
+    async def scenario():
+        async def shrink():
+            while len(pool.sessions) < len(PROMPTS) or max(p.held for p in pool.sessions.values()) < 13 + 4:
+                await asyncio.sleep(0.005)
+            assert any(p.actor == removed for p in pool.sessions.values())  # the drain has sessions to move
+            config = ActorConfig(target_model=tiny_dir("llama", 1))
+            await asyncio.to_thread(launch, config, 1, pool.config.prefix, "specdec-test")
+
+        shrinking = asyncio.create_task(asyncio.wait_for(shrink(), 60))
+        results = await asyncio.wait_for(_run_all(remote, requests), 120)
+        await shrinking
+        return results
+
+    results = asyncio.run(scenario())
+    assert [r.token_ids for r in results] == expected
+    assert actor_names(pool.config.prefix, "specdec-test") == [f"{pool.config.prefix}-0"]
+    assert all(p.actor != removed for p in pool.sessions.values())
+
+
+def test_the_keeper_creates_missing_actors_again(tiny_dir, pool_factory):
+    """`specdec target --keep`: actors that vanish (a head restart loses them all) are created
+    again under their names, with no manual step."""
+    pool = pool_factory(1)
+    prefix = pool.config.prefix
+    stop = threading.Event()
+    keeper = threading.Thread(
+        target=keep, args=(ActorConfig(target_model=tiny_dir("llama", 1)), 2, prefix, "specdec-test", 0.2, stop)
+    )
+    keeper.start()
+    try:
+        deadline = time.monotonic() + 60
+        while actor_names(prefix, "specdec-test") != [f"{prefix}-0", f"{prefix}-1"]:
+            assert time.monotonic() < deadline, "the keeper did not grow the pool"
+            time.sleep(0.1)
+        ray.kill(ray.get_actor(f"{prefix}-0", namespace="specdec-test"), no_restart=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                info = ray.get(ray.get_actor(f"{prefix}-0", namespace="specdec-test").info.remote(), timeout=30)
+                break
+            except (ValueError, ray.exceptions.RayActorError):
+                assert time.monotonic() < deadline, "the keeper did not create the killed actor again"
+                time.sleep(0.1)
+        assert info["sessions"] == 0
+    finally:
+        stop.set()
+        keeper.join(30)
+        pool.refresh()  # the fixture removes what the pool names: both actors now
