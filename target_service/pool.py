@@ -312,17 +312,22 @@ def drain(actors: list[ActorHandle], timeout_s: float) -> None:
     """Remove `actors` without failing a round: each stops taking rounds (its sessions move to the
     other actors on their next round, with their context) and is killed once the rounds it had
     queued are done, or after `timeout_s`."""
-    if not actors:
-        return
-    loads = ray.get([actor.drain.remote() for actor in actors])
     deadline = time.monotonic() + timeout_s
-    busy = [a for a, load in zip(actors, loads) if load["queued"] or load["running"]]
+    busy = [a for a in actors if _busy(a, "drain")]
     while busy and time.monotonic() < deadline:
         time.sleep(0.1)
-        loads = ray.get([actor.load.remote() for actor in busy])
-        busy = [a for a, load in zip(busy, loads) if load["queued"] or load["running"]]
+        busy = [a for a in busy if _busy(a, "load")]
     for actor in actors:
         ray.kill(actor, no_restart=True)
+
+
+def _busy(actor: ActorHandle, method: str) -> bool:
+    """Whether the actor still has rounds queued or running (a dead one has none)."""
+    try:
+        load = ray.get(getattr(actor, method).remote(), timeout=30)
+    except (*_ACTOR_ERRORS, ray.exceptions.GetTimeoutError):
+        return False
+    return bool(load["queued"] or load["running"])
 
 
 def keep(

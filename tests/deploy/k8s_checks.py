@@ -420,6 +420,10 @@ def check_target_tier(objs: list[dict], overlay: str) -> list[str]:
         gpus = worker.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
         if overlay == "gpu" and not (gpus and int(gpus) >= 1):
             problems.append(f"gpu overlay: worker group {group['groupName']} has no nvidia.com/gpu limit")
+    # GPUs per actor said outright: guessed from the cluster's resources, a pool created while the
+    # GPU workers were still starting would be CPU actors, and kept.
+    if pool.gpus_per_actor != (1 if overlay == "gpu" else 0):
+        problems.append(f"{overlay} overlay: --gpus-per-actor is {pool.gpus_per_actor}, not set to what the overlay is")
     if overlay == "dev-cpu":
         for _, role, _, c in containers(objs):
             if "nvidia.com/gpu" in json.dumps(c.get("resources", {})):

@@ -438,6 +438,12 @@ def test_the_checks_catch_broken_manifests():
     )
     assert (
         check_target_tier(
+            _break(objs, "ConfigMap", config_name, lambda o: _config(o).update(TARGET_GPUS_PER_ACTOR="1")), "dev-cpu"
+        )
+        != []
+    )
+    assert (
+        check_target_tier(
             _break(
                 objs,
                 "RayCluster",
