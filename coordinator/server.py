@@ -247,8 +247,7 @@ class GenerationServer:
             except BaseException:
                 await self.server.stop(0)
                 raise
-        for service in ("", SERVICE_NAME):
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self.set_serving(True)
         return self.port
 
     async def set_serving(self, serving: bool) -> None:

@@ -239,22 +239,24 @@ class DraftCore:
                 "model_draft_tokens", f"must be in [0, num_draft_tokens = {call.k}], got {call.model_k}"
             )
         call.sampling.validate()
-        limit = self.vocab_size
-        bad = [t for t in call.new_tokens if t < 0 or (limit is not None and t >= limit)]
-        if bad:
-            where = f"[0, {limit})" if limit is not None else ">= 0"
-            raise InvalidArgument("new_tokens", f"token id {bad[0]} is outside {where}")
+        self._check_token_ids("new_tokens", call.new_tokens)
         if call.committed_len == 0 and not call.new_tokens:
             raise InvalidArgument("new_tokens", "the context is empty (committed_len 0 and no new tokens)")
+
+    def _check_token_ids(self, field: str, tokens: Sequence[int]) -> None:
+        """InvalidArgument naming `field` for the first id outside the vocabulary (>= 0 when unknown)."""
+        limit = self.vocab_size
+        bad = [t for t in tokens if t < 0 or (limit is not None and t >= limit)]
+        if bad:
+            where = f"[0, {limit})" if limit is not None else ">= 0"
+            raise InvalidArgument(field, f"token id {bad[0]} is outside {where}")
 
     def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
         """Free the session; a suffix drafter learns its completion (the request's output)."""
         if not session_id:
             raise InvalidArgument("session_id", "is empty")
         if self.suffix is not None and session_id not in self._ended:
-            bad = [t for t in completion if t < 0 or (self.vocab_size is not None and t >= self.vocab_size)]
-            if bad:
-                raise InvalidArgument("completion_token_ids", f"token id {bad[0]} is outside the vocabulary")
+            self._check_token_ids("completion_token_ids", completion)
             self.suffix.learn(completion)
             metrics.SUFFIX_CACHE_TOKENS.set(self.suffix.cache.tokens)
             metrics.SUFFIX_CACHE_BYTES.set(self.suffix.cache.nbytes())

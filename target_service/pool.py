@@ -86,7 +86,7 @@ class TargetPool:
         self._poll: asyncio.Task | None = None
         self.refresh()
         if not self.actors:
-            raise TargetUnavailable(f"no target actors named {config.prefix}-N in namespace {config.namespace}")
+            raise self._no_actors()
 
     def refresh(self) -> None:
         names = actor_names(self.config.prefix, self.config.namespace)
@@ -95,9 +95,12 @@ class TargetPool:
         }
         self._refreshed = time.monotonic()
 
+    def _no_actors(self) -> TargetUnavailable:
+        return TargetUnavailable(f"no target actors named {self.config.prefix}-N in namespace {self.config.namespace}")
+
     async def info(self) -> dict:
         if not self.actors:
-            raise TargetUnavailable(f"no target actors named {self.config.prefix}-N in {self.config.namespace}")
+            raise self._no_actors()
         return await next(iter(self.actors.values())).info.remote()
 
     async def reachable(self, timeout_s: float = 2.0) -> bool:
@@ -199,7 +202,7 @@ class TargetPool:
         """The actor with the least reported load plus what this pool placed since the report;
         ties broken at random, so coordinators starting together do not all pick actor 0."""
         if not self.actors:
-            raise TargetUnavailable(f"no target actors named {self.config.prefix}-N in {self.config.namespace}")
+            raise self._no_actors()
         names = [name for name in self.actors if name not in avoid] or list(self.actors)
 
         def load(name: str) -> float:

@@ -67,6 +67,24 @@ async def _run_all(engine, requests):
     return await asyncio.gather(*(engine.generate(r) for r in requests))
 
 
+def _run_with_fault_midway(pool, engine, requests, fault):
+    """Run `requests` (one per prompt of PROMPTS) on `engine`; once all are placed and one has
+    generated a few tokens, await `fault()`. Returns the results in order."""
+
+    async def midway():
+        while len(pool.sessions) < len(PROMPTS) or max(p.held for p in pool.sessions.values()) < 13 + 4:
+            await asyncio.sleep(0.005)
+        await fault()
+
+    async def scenario():
+        faulting = asyncio.create_task(asyncio.wait_for(midway(), 60))
+        results = await asyncio.wait_for(_run_all(engine, requests), 120)
+        await faulting
+        return results
+
+    return asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "model"])
 def test_pool_gives_in_process_outputs(tiny, pool_factory, drafter):
     pool = pool_factory()
@@ -116,20 +134,10 @@ def test_killed_actor_loses_no_request(tiny, pool_factory):
     expected = [asyncio.run(local.generate(r)).token_ids for r in requests]
     actor = next(iter(pool.actors.values()))
 
-    async def kill_midway():
-        # Once all four requests are placed and one has generated a few tokens, kill the actor
-        # (Ray revives it with empty caches).
-        while len(pool.sessions) < len(PROMPTS) or max(p.held for p in pool.sessions.values()) < 13 + 4:
-            await asyncio.sleep(0.005)
+    async def kill():  # Ray revives it with empty caches
         ray.kill(actor, no_restart=False)
 
-    async def scenario():
-        killer = asyncio.create_task(asyncio.wait_for(kill_midway(), 60))
-        results = await asyncio.wait_for(_run_all(remote, requests), 120)
-        await killer
-        return results
-
-    results = asyncio.run(scenario())
+    results = _run_with_fault_midway(pool, remote, requests, kill)
     assert [r.token_ids for r in results] == expected
     assert pool.resends >= len(PROMPTS)  # the recovery path really ran
 
@@ -292,20 +300,12 @@ def test_resizing_under_load_drains_the_removed_actor_and_loses_no_round(tiny, t
     expected = [asyncio.run(local.generate(r)).token_ids for r in requests]
     removed = f"{pool.config.prefix}-1"
 
-    async def scenario():
-        async def shrink():
-            while len(pool.sessions) < len(PROMPTS) or max(p.held for p in pool.sessions.values()) < 13 + 4:
-                await asyncio.sleep(0.005)
-            assert any(p.actor == removed for p in pool.sessions.values())  # the drain has sessions to move
-            config = ActorConfig(target_model=tiny_dir("llama", 1))
-            await asyncio.to_thread(launch, config, 1, pool.config.prefix, "specdec-test")
+    async def shrink():
+        assert any(p.actor == removed for p in pool.sessions.values())  # the drain has sessions to move
+        config = ActorConfig(target_model=tiny_dir("llama", 1))
+        await asyncio.to_thread(launch, config, 1, pool.config.prefix, "specdec-test")
 
-        shrinking = asyncio.create_task(asyncio.wait_for(shrink(), 60))
-        results = await asyncio.wait_for(_run_all(remote, requests), 120)
-        await shrinking
-        return results
-
-    results = asyncio.run(scenario())
+    results = _run_with_fault_midway(pool, remote, requests, shrink)
     assert [r.token_ids for r in results] == expected
     assert actor_names(pool.config.prefix, "specdec-test") == [f"{pool.config.prefix}-0"]
     assert all(p.actor != removed for p in pool.sessions.values())
