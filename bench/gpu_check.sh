@@ -7,17 +7,23 @@
 #   pip install -e '.[dev]'
 #   bench/gpu_check.sh [LARGER_MODEL] [OUT_DIR]
 #
-# fp32 must be exact (the script fails otherwise); bf16 reports how far outputs agree
-# (docs/performance.md, "Greedy equality on GPUs").
+# fp32 must be exact, eager and compiled (the script fails otherwise); bf16 reports how far outputs
+# agree (docs/performance.md, "Greedy equality on GPUs"). Each run times eager and compiled passes
+# side by side; the last one times the two paged attention kernels.
 set -euo pipefail
 larger="${1:-}"
 out="${2:-gpu-check}"
 mkdir -p "$out"
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: install a CUDA build of torch')"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-python -m specdec.bench.gpu_engine --device cuda --dtype fp32 --json "$out/embedded-fp32.json"
-python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --json "$out/embedded-bf16.json"
+# Eager beside --compile cudagraphs (the fp32 run must be exact on both), then bf16 beside inductor.
+python -m specdec.bench.gpu_engine --device cuda --dtype fp32 --compile cudagraphs --json "$out/embedded-fp32.json"
+python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile cudagraphs --json "$out/embedded-bf16.json"
+python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile inductor --json "$out/embedded-bf16-inductor.json"
 if [ -n "$larger" ]; then
-  python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --model "$larger" --json "$out/larger-bf16.json"
+  python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile cudagraphs --model "$larger" \
+    --json "$out/larger-bf16.json"
 fi
+# The engine's gather attention against FlexAttention reading the pool in place.
+python -m specdec.bench.paged_attention --device cuda --json "$out/paged-attention.json"
 echo "results in $out/"

@@ -1,7 +1,8 @@
 """The target engine on one device: exactness first, then verify latency against k and decode
 throughput against concurrency.
 
-  python -m specdec.bench.gpu_engine [--device cuda] [--model SPEC] [--dtype bf16|fp32] [--json PATH]
+  python -m specdec.bench.gpu_engine [--device cuda] [--model SPEC] [--dtype bf16|fp32]
+      [--compile inductor|cudagraphs] [--json PATH]
 
 Run by bench/gpu_check.sh on a GPU (it runs on a CPU too, which is how the suite keeps it
 working). For the model (default: the embedded Gemma 3 270M):
@@ -17,6 +18,10 @@ working). For the model (default: the embedded Gemma 3 270M):
    median milliseconds a pass.
 3. throughput: N sessions of --context tokens decode one token each per pass (k = 0), N = 1, 4,
    16, 64, 128 (the sessions' KV must fit --kv-cache-bytes); tokens/s = N / median pass time.
+
+With --compile MODE the exactness checks run on the compiled engine (`specdec.runtime.compiled`),
+and every latency and throughput cell is timed on an eager and a compiled verifier side by side,
+pass for pass in turn (the same rounds, each verifier's own KV pool), with their ratio.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 
 from specdec.coordinator.engine import EngineConfig, GenerationRequest
 from specdec.core.acceptance import DraftProposal
+from specdec.core.flag_types import COMPILE_MODES
 from specdec.core.sampling import SamplingParams
 from specdec.drafts.loading import load_model
 from specdec.local.in_process import build_engine
@@ -59,7 +65,7 @@ def _agree(a: list[int], b: list[int]) -> int:
 def exactness(loaded, args) -> dict:
     prompt = loaded.tokenizer(PROMPT)["input_ids"]
     target = loaded
-    engine = build_engine(target, None, EngineConfig(max_draft_tokens=8, adaptive=False))
+    engine = build_engine(target, None, EngineConfig(max_draft_tokens=8, adaptive=False), compile_mode=args.compile)
 
     def generate(k: int) -> list[int]:
         request = GenerationRequest(prompt_token_ids=prompt, max_new_tokens=args.new_tokens, max_draft_tokens=k)
@@ -86,8 +92,8 @@ def exactness(loaded, args) -> dict:
         for i in range(8)
     ]
     budget = 1 << 28
-    together = TargetVerifier(loaded, kv_cache_bytes=budget).verify_batch(items)
-    alone_verifier = TargetVerifier(loaded, kv_cache_bytes=budget)
+    together = TargetVerifier(loaded, kv_cache_bytes=budget, compile_mode=args.compile).verify_batch(items)
+    alone_verifier = TargetVerifier(loaded, kv_cache_bytes=budget, compile_mode=args.compile)
     alone = [alone_verifier.verify(it.session_id, it.tokens, it.proposal, it.sampling) for it in items]
     return {
         "new_tokens": len(plain),
@@ -98,32 +104,40 @@ def exactness(loaded, args) -> dict:
     }
 
 
-def _time_pass(verifier: TargetVerifier, items: list[VerifyItem], repeats: int, device: torch.device) -> float:
-    """Median seconds of one pass over `items` (the same rounds again: every draft rejected at
-    x_1 or none given, so the sessions never grow)."""
-    verifier.verify_batch(items)  # prefill
-    times = []
+def _time_passes(verifiers: dict[str, TargetVerifier], items: list[VerifyItem], repeats: int, device) -> dict:
+    """Median seconds of one pass over `items` for each verifier, timed in turn pass for pass
+    (the same rounds again: every draft rejected at x_1 or none given, so sessions never grow)."""
+    for verifier in verifiers.values():
+        verifier.verify_batch(items)  # prefill
+    times: dict[str, list[float]] = {name: [] for name in verifiers}
     for _ in range(repeats):
-        _sync(device)
-        started = time.perf_counter()
-        verifier.verify_batch(items)
-        _sync(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for name, verifier in verifiers.items():
+            _sync(device)
+            started = time.perf_counter()
+            verifier.verify_batch(items)
+            _sync(device)
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
 def latency_and_throughput(loaded, args, device: torch.device) -> dict:
     g = torch.Generator().manual_seed(1)
     vocab = loaded.vocab_size
-    verifier = TargetVerifier(loaded, kv_cache_bytes=args.kv_cache_bytes, pass_tokens=max(args.context + 16, 256))
+    pass_tokens = max(args.context + 16, 256)
+    verifiers = {"eager": TargetVerifier(loaded, kv_cache_bytes=args.kv_cache_bytes, pass_tokens=pass_tokens)}
+    if args.compile != "off":
+        verifiers[args.compile] = TargetVerifier(
+            loaded, kv_cache_bytes=args.kv_cache_bytes, pass_tokens=pass_tokens, compile_mode=args.compile
+        )
     context = torch.randint(3, vocab, (args.context,), generator=g).tolist()
     greedy = SamplingParams()
-    nxt = verifier.verify("probe", context, DraftProposal([]), greedy).bonus_token
+    nxt = verifiers["eager"].verify("probe", context, DraftProposal([]), greedy).bonus_token
     wrong = (nxt + 1) % vocab  # x_1 never the target's token: every round rejects at once
     latency = {}
     for k in range(0, 9):
         item = VerifyItem("lat", context, DraftProposal([wrong] + [5] * (k - 1) if k else []), greedy)
-        latency[k] = 1000 * _time_pass(verifier, [item], args.repeats, device)
+        seconds = _time_passes(verifiers, [item], args.repeats, device)
+        latency[k] = {name: 1000 * s for name, s in seconds.items()}
     throughput = {}
     for n in args.concurrency:
         items = [
@@ -132,10 +146,11 @@ def latency_and_throughput(loaded, args, device: torch.device) -> dict:
             )
             for i in range(n)
         ]
-        seconds = _time_pass(verifier, items, args.repeats, device)
-        throughput[n] = {"pass_ms": 1000 * seconds, "tokens_per_s": n / seconds}
-        for item in items:
-            verifier.end_session(item.session_id)
+        seconds = _time_passes(verifiers, items, args.repeats, device)
+        throughput[n] = {name: {"pass_ms": 1000 * s, "tokens_per_s": n / s} for name, s in seconds.items()}
+        for verifier in verifiers.values():
+            for item in items:
+                verifier.end_session(item.session_id)
     return {"verify_ms_by_k": latency, "decode_by_concurrency": throughput}
 
 
@@ -149,6 +164,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=10, help="timed passes per cell; medians (default 10)")
     p.add_argument("--new-tokens", type=int, default=48, help="tokens the exactness check generates (default 48)")
     p.add_argument("--kv-cache-bytes", type=int, default=4 << 30, help="the KV pool (default 4 GiB)")
+    p.add_argument(
+        "--compile",
+        choices=[mode for mode in COMPILE_MODES if mode != "off"] + ["off"],
+        default="off",
+        help="also time a compiled verifier beside the eager one (and check exactness compiled)",
+    )
     p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args(argv)
     args.concurrency = [int(n) for n in args.concurrency.split(",")]
@@ -159,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     device = torch.device(args.device)
     loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device)
-    result = {"model": loaded.name, "device": str(device), "dtype": args.dtype}
+    result = {"model": loaded.name, "device": str(device), "dtype": args.dtype, "compile": args.compile}
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
     result["exactness"] = exactness(loaded, args)
@@ -171,9 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     agree = f"{exact['hf_generate_agrees']}/{exact['new_tokens']}"
     print(f"  target-only tokens agreeing with transformers' generate: {agree}")
     print(f"  batched verify == one at a time: {exact['batched_equal']}")
-    print("  verify ms by k:  " + "  ".join(f"{k}: {ms:.1f}" for k, ms in result["verify_ms_by_k"].items()))
-    for n, cell in result["decode_by_concurrency"].items():
-        print(f"  {n:>4} sessions: {cell['pass_ms']:8.1f} ms a pass, {cell['tokens_per_s']:9.1f} tokens/s")
+    for name in result["verify_ms_by_k"][0]:
+        by_k = result["verify_ms_by_k"].items()
+        print(f"  verify ms by k ({name}):  " + "  ".join(f"{k}: {cell[name]:.1f}" for k, cell in by_k))
+        for n, cells in result["decode_by_concurrency"].items():
+            cell = cells[name]
+            print(f"  {n:>4} sessions ({name}): {cell['pass_ms']:8.1f} ms a pass, {cell['tokens_per_s']:9.1f} tokens/s")
+    if args.compile != "off":
+        eager, compiled = "eager", args.compile
+        cells_by_n = result["decode_by_concurrency"].values()
+        ratios = [cells[eager]["pass_ms"] / cells[compiled]["pass_ms"] for cells in cells_by_n]
+        print(f"  {compiled} speedup by concurrency (eager ms / compiled ms): " + "  ".join(f"{r:.2f}" for r in ratios))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -51,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.max_pass_tokens,
         help="new tokens one forward pass takes; longer prefills go in chunks",
     )
+    p.add_argument(
+        "--compile",
+        choices=flag_types.COMPILE_MODES,
+        default=defaults.compile,
+        help="decode-shaped passes through torch.compile: inductor, or cudagraphs (inductor with CUDA graphs; "
+        "GPU actors only); compiled when an actor starts (default: off)",
+    )
     p.add_argument("--session-ttl", type=float, default=defaults.session_ttl_s, help="seconds an idle session is kept")
     p.add_argument(
         "--metrics-host",
@@ -109,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         max_queue=args.max_queue,
         kv_cache_bytes=args.kv_cache_bytes,
         max_pass_tokens=args.max_pass_tokens,
+        compile=args.compile,
         session_ttl_s=args.session_ttl,
         half_precision=not args.full_precision,
         metrics_host=args.metrics_host,

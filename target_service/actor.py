@@ -46,6 +46,7 @@ class ActorConfig:
     max_queue: int = 256  # rounds waiting beyond this are answered `overloaded`
     kv_cache_bytes: int | None = None  # the KV pool; None: 90% of free GPU memory, a quarter of free RAM
     max_pass_tokens: int = DEFAULT_PASS_TOKENS  # new tokens per forward pass (longer prefills go in chunks)
+    compile: str = "off"  # decode-shaped passes through torch.compile: off, inductor, cudagraphs (CUDA)
     # When the last pass served several rounds, an idle worker waits this long for the rest of
     # the next burst: calls sent together reach the actor a few ms apart, and without it the
     # first goes alone and the rest in a second pass (docs/performance.md). A lone stream's
@@ -75,7 +76,9 @@ class TargetActor:
         dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
         self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
         store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=cached_tokens)
-        self.verifier = TargetVerifier(self.loaded, store, config.kv_cache_bytes, config.max_pass_tokens)
+        self.verifier = TargetVerifier(
+            self.loaded, store, config.kv_cache_bytes, config.max_pass_tokens, compile_mode=config.compile
+        )
         self._queue: list[_Round] = []
         self._running = 0  # rounds in the pass now running
         self._wakeup: asyncio.Event | None = None
@@ -108,6 +111,7 @@ class TargetActor:
             "cached_tokens": self.verifier.sessions.total_tokens,
             "peaks": dict(self.peaks),
             "kv_block_size": self.verifier.pool.block_size,
+            "compile": self.config.compile,
             **self.load(),
             "max_sessions": self.config.max_sessions,
             "max_cached_tokens": self.config.max_cached_tokens,

@@ -33,9 +33,10 @@ from specdec.core.acceptance import (
 )
 from specdec.core.sampling import SamplingParams, warp
 from specdec.core.session_store import SessionStore
+from specdec.runtime.compiled import compile_decoder
 from specdec.runtime.kv_pool import PagedSession
 from specdec.runtime.models import LoadedModel
-from specdec.runtime.ragged import Row, paged_pool, ragged_forward
+from specdec.runtime.ragged import IMPLEMENTATION, Row, paged_pool, ragged_forward
 
 DEFAULT_PASS_TOKENS = 256  # new tokens per pass: a prefill beyond it goes in chunks
 
@@ -59,10 +60,16 @@ class TargetVerifier:
         sessions: SessionStore[PagedSession] | None = None,
         kv_cache_bytes: int | None = None,
         pass_tokens: int = DEFAULT_PASS_TOKENS,
+        compile_mode: str = "off",
     ):
         self.loaded = loaded
         self.pool = paged_pool(loaded.model, kv_cache_bytes)
         self.pass_tokens = pass_tokens
+        # Decode-shaped passes through a compiled decoder (`--compile`), compiled here, before the
+        # first round: a first pass that paid the compilation would read as a slow verify.
+        self.decoder = compile_decoder(loaded.model, compile_mode, IMPLEMENTATION)
+        if self.decoder is not None:
+            self._warm_up()
         self._vocab_in = loaded.model.get_input_embeddings().num_embeddings
         # Unbounded unless the owner passes a bounded store (the actor does: LRU, TTL, tokens).
         self.sessions = sessions if sessions is not None else SessionStore(size=cached_tokens)
@@ -121,11 +128,23 @@ class TargetVerifier:
                         finals.append((i, session))
                     budget -= len(new)
             if rows:
-                logits = ragged_forward(self.loaded.model, self.pool, rows)
+                logits = ragged_forward(self.loaded.model, self.pool, rows, self.decoder)
                 self._decide(items, finals, logits, results)
         finally:
             self.sessions.pinned = set()
         return results
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """Compile the decoder's pieces: one pass of 1 token (torch specialises T = 1) and one of
+        2 (every other T), in blocks returned at once."""
+        for length in (1, 2):
+            session = PagedSession()
+            self.pool.extend(session, [0] * length)
+            try:
+                ragged_forward(self.loaded.model, self.pool, [Row(session.table, session.tokens, 1)], self.decoder)
+            finally:
+                self.pool.release(session.table)
 
     def end_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)

@@ -89,6 +89,13 @@ def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
         default=None,
         help="each target actor's KV block pool, e.g. 4GiB (default: a quarter of free RAM, 90%% of free GPU memory)",
     )
+    p.add_argument(
+        "--compile",
+        choices=flag_types.COMPILE_MODES,
+        default="off",
+        help="the target actors' decode-shaped passes through torch.compile: inductor, or cudagraphs (GPU only) "
+        "(default: off)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="the coordinator's address (default 127.0.0.1)")
     p.add_argument(
         "--port",
@@ -313,6 +320,7 @@ def _stack_config(args, error):
         draft_model=resolve_drafter(args.draft_model, args.target_model),
         target_replicas=args.target_replicas,
         kv_cache_bytes=args.kv_cache_bytes,
+        compile=args.compile,
         metrics_port=args.metrics_port,
         trace_file=args.trace_file or None,
         server=server_config(args),

@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import re
 
+# The target tier's --compile (specdec.runtime.compiled says what each does): here, where a
+# command line can name them without importing torch.
+COMPILE_MODES = ("off", "inductor", "cudagraphs")
+
 
 def nonnegative_int(text: str) -> int:
     value = int(text)

@@ -100,18 +100,20 @@ def build_engine(
     hybrid: bool = False,
     suffix: bool = False,
     min_confidence: float | None = None,
+    compile_mode: str = "off",
 ) -> SpeculativeEngine:
     """The single-process engine; `draft` None means the n-gram drafter, `hybrid` prompt lookup
     where the context repeats and the draft model elsewhere (draft_service/hybrid.py); `suffix`
     suffix decoding instead of n-gram lookup (draft_service/suffix.py), alone or in the hybrid;
-    `min_confidence` as the draft service's (None: the draft's own)."""
+    `min_confidence` as the draft service's (None: the draft's own); `compile_mode` as the
+    target tier's `--compile`."""
     lookup = SuffixDrafter() if suffix else None
     if draft is None:
         proposer = LocalNgramProposer(lookup)
     else:
         drafter = ModelDrafter(draft, min_confidence=min_confidence)
         proposer = LocalModelProposer(HybridDrafter(drafter, suffix=lookup) if hybrid else drafter)
-    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
+    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target, compile_mode=compile_mode)), target, config)
 
 
 def load_pair(target_model: str | None, draft_model: str | None) -> tuple[LoadedModel, LoadedModel | None]:

@@ -33,6 +33,7 @@ class StackConfig:
     draft_model: str = "ngram"  # the draft server's model, or "ngram" (prompt lookup, no model)
     target_replicas: int = 1  # target actors on the local Ray
     kv_cache_bytes: int | None = None  # each actor's KV block pool; None: the actor's default
+    compile: str = "off"  # each actor's --compile
     pool_name: str = PREFIX  # actors are <pool_name>-0 .. -(n-1)
     namespace: str = NAMESPACE
     trace_file: str | None = None  # every part appends its finished spans here (JSON lines)
@@ -93,6 +94,7 @@ class LocalStack:
             target_model=c.target_model,
             cpus=max(1, cpus // c.target_replicas),
             kv_cache_bytes=c.kv_cache_bytes,
+            compile=c.compile,
             metrics_port=0,
             trace_file=c.trace_file,
         )

@@ -25,6 +25,7 @@ back to the model's own forward.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -40,13 +41,17 @@ _PACKED_MIN_ROWS = 1
 _PACK_BATCH_HINT = 5  # rows oneDNN packs for: a verify pass with 4 drafts (10% faster than none)
 
 
-def forward_logits(model: PreTrainedModel, keep: int | torch.Tensor, **inputs) -> torch.Tensor:
+def forward_logits(
+    model: PreTrainedModel, keep: int | torch.Tensor, decoder: Callable | None = None, **inputs
+) -> torch.Tensor:
     """`model(**inputs, logits_to_keep=keep).logits`, with the projection done by `project`.
-    `keep`: the last `keep` positions, or a tensor of position indices. Returns (B, kept, vocab)."""
+    `keep`: the last `keep` positions, or a tensor of position indices. `decoder`: what runs in
+    place of `model.base_model` (a compiled twin, `specdec.runtime.compiled`). Returns
+    (B, kept, vocab)."""
     head = model.get_output_embeddings()
     if model.config.model_type not in _KNOWN or type(head) not in (nn.Linear, _ColumnLinear):
         return model(**inputs, logits_to_keep=keep).logits
-    hidden = model.base_model(**inputs).last_hidden_state  # (B, N, d)
+    hidden = (model.base_model if decoder is None else decoder)(**inputs).last_hidden_state  # (B, N, d)
     hidden = hidden[:, -keep:] if isinstance(keep, int) else hidden[:, keep]
     logits = project(head, hidden)
     softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
@@ -85,6 +90,8 @@ class _ColumnLinear(nn.Linear):
     loading trained weights into a module later (a pruned draft's layers) is never served stale."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return nn.functional.linear(x, self.weight, self.bias)  # inductor chooses its own GEMMs
         rows = x.numel() // x.shape[-1]
         # A mismatched x goes to column_linear too, whose error names the shapes (oneDNN's does not).
         if rows >= _PACKED_MIN_ROWS and x.shape[-1] == self.in_features and _packable(x, self.weight):

@@ -30,6 +30,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from specdec.runtime.compiled import Decoder
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape, default_budget
 from specdec.runtime.projection import forward_logits
 
@@ -81,9 +82,12 @@ class PassLayout:
     tokens: int  # T
 
 
-def ragged_forward(model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row]) -> torch.Tensor:
+def ragged_forward(
+    model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row], decoder: Decoder | None = None
+) -> torch.Tensor:
     """Run `rows` through the model in one pass, writing their states into the pool. Returns the
-    logits of every row's kept positions, concatenated in row order: (sum of keep, vocab)."""
+    logits of every row's kept positions, concatenated in row order: (sum of keep, vocab).
+    `decoder`: a compiled twin of the model's decoder, run when the pass is decode-shaped."""
     device = pool.device
     ids, positions, new_slots, kept = [], [], [], []
     for row in rows:
@@ -96,6 +100,7 @@ def ragged_forward(model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row
     return forward_logits(
         model,
         _tensor(kept, device),
+        decoder if decoder is not None and decode_shaped(rows) else None,
         input_ids=_tensor(ids, device).unsqueeze(0),
         position_ids=_tensor(positions, device).unsqueeze(0),
         # A 4D mask is taken as given by transformers' mask builders, so they build none.
@@ -103,6 +108,11 @@ def ragged_forward(model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row
         use_cache=False,
         specdec_pass=layout,
     )[0]
+
+
+def decode_shaped(rows: Sequence[Row]) -> bool:
+    """Every row is a decode or verify row (none a prefill chunk): the passes `--compile` serves."""
+    return all(len(row.tokens) <= _SHORT for row in rows)
 
 
 def _tensor(values: list[int], device: torch.device) -> torch.Tensor:

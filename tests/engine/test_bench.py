@@ -55,18 +55,35 @@ def test_bench_runs_all_methods_and_greedy_outputs_match(tmp_path):
 
 
 def test_the_gpu_check_runs_on_a_cpu_and_finds_the_engine_exact(tmp_path):
-    """bench/gpu_check.sh's script, on the CPU with a tiny model: exactness holds in fp32 and the
-    latency and throughput tables are filled."""
+    """bench/gpu_check.sh's script, on the CPU with a tiny model and --compile inductor: exactness
+    holds in fp32 on the compiled engine, and the latency and throughput tables are filled for
+    the eager and the compiled verifier."""
     from specdec.bench import gpu_engine
 
     model = make_tiny_model("gemma3", tmp_path / "m", seed=1, sliding_window=8)
     out = tmp_path / "gpu.json"
     argv = ["--device", "cpu", "--model", str(model), "--context", "40", "--concurrency", "1,4", "--repeats", "2"]
-    assert gpu_engine.main([*argv, "--new-tokens", "12", "--kv-cache-bytes", str(1 << 24), "--json", str(out)]) == 0
+    argv += ["--new-tokens", "12", "--kv-cache-bytes", str(1 << 24), "--compile", "inductor", "--json", str(out)]
+    assert gpu_engine.main(argv) == 0
     result = json.loads(out.read_text())
     exact = result["exactness"]
     assert exact["speculative_equal"] and exact["batched_equal"] and exact["new_tokens"] == 12
     assert exact["hf_generate_agrees"] == 12  # transformers' own generate, another code path
     assert set(result["verify_ms_by_k"]) == {str(k) for k in range(9)}
+    assert all(set(cell) == {"eager", "inductor"} for cell in result["verify_ms_by_k"].values())
     assert set(result["decode_by_concurrency"]) == {"1", "4"}
-    assert all(cell["tokens_per_s"] > 0 for cell in result["decode_by_concurrency"].values())
+    cells = [cell for by_name in result["decode_by_concurrency"].values() for cell in by_name.values()]
+    assert len(cells) == 4 and all(cell["tokens_per_s"] > 0 for cell in cells)
+
+
+def test_the_paged_attention_bench_finds_gather_and_flex_attention_equal(tmp_path):
+    """The engine's gather attention and FlexAttention over the pool (another implementation of
+    the same mask: own row, up to own position) agree on shuffled blocks, decode and verify rows."""
+    from specdec.bench import paged_attention
+
+    out = tmp_path / "attention.json"
+    argv = ["--device", "cpu", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "1"]
+    assert paged_attention.main([*argv, "--cases", "1x20x1,3x40x4", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["ms"]) == {"1x20x1", "3x40x4"}
+    assert all(diff < 1e-5 for diff in result["max_abs_diff"].values())
