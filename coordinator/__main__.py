@@ -36,6 +36,7 @@ class CoordinatorConfig:
     target_pool: str  # actor name prefix of the target pool
     namespace: str
     ray_address: str  # "auto": the Ray cluster of this machine
+    ray_join: str | None  # GCS address: join as a Ray node of our own and run as a driver there
     target_model: str | None  # tokenizer spec; None: the model the pool reports
     metrics_port: int  # Prometheus /metrics on --host; 0 picks a free port
     server: ServerConfig
@@ -80,6 +81,15 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag("target-pool", PREFIX, str, "target actor name prefix (actors <name>-0 .. <name>-(n-1))")
     flag("namespace", NAMESPACE, str, "Ray namespace of the target pool")
     flag("ray-address", "auto", str, "Ray cluster to join ('auto': the one running on this machine)")
+    flag(
+        "ray-join",
+        None,
+        str,
+        "GCS address (HOST:PORT) of the Ray cluster to join as a node of this process's own, with no CPUs "
+        "or GPUs, running as a driver on it: verify calls then go to the actors directly, never through "
+        "the head (Ray's ports must be open between this host and the cluster's); replaces --ray-address",
+        metavar="HOST:PORT",
+    )
     flag("target-model", None, str, "model spec to load the tokenizer from (default: the model the pool reports)")
     flag("host", server.host, str, "address to bind")
     flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
@@ -112,6 +122,8 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
     args = p.parse_args(argv)
     engine = engine_config(args, p.error)
     tls = None
+    if args.ray_join and (args.ray_join.startswith("ray://") or ":" not in args.ray_join):
+        p.error(f"--ray-join takes the cluster's GCS address HOST:PORT (the head's 6379), not {args.ray_join!r}")
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
     if args.tls_cert:
@@ -124,6 +136,7 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         target_pool=args.target_pool,
         namespace=args.namespace,
         ray_address=args.ray_address,
+        ray_join=args.ray_join or None,
         target_model=args.target_model,
         metrics_port=args.metrics_port,
         server=server_config(args, grace_s=args.grace, tls=tls),
@@ -175,12 +188,20 @@ async def serve(config: CoordinatorConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     config = parse_config(sys.argv[1:] if argv is None else argv)
     from specdec.target_service.pool import TargetUnavailable
-    from specdec.target_service.ray_cluster import connect
+    from specdec.target_service.ray_cluster import RayNode, connect
     from specdec.telemetry.tracing import configure_tracing
 
     configure_tracing("specdec-coordinator")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    connect(config.ray_address, config.namespace)
+    node = RayNode(config.ray_join, config.namespace) if config.ray_join else None
+    try:
+        if node is not None:
+            node.__enter__()
+        else:
+            connect(config.ray_address, config.namespace)
+    except (RuntimeError, ConnectionError) as e:
+        print(f"specdec coordinator: cannot join the Ray cluster: {e}", file=sys.stderr)
+        return 1
     try:
         asyncio.run(serve(config))
     except TargetUnavailable as e:
@@ -192,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    finally:
+        if node is not None:
+            node.__exit__()  # the node goes with the process
     return 0
 
 

@@ -11,8 +11,19 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import ray
+import ray._private.utils
+
+# A driver's node holds no objects worth a store: verify calls and replies are small enough to
+# travel inline. 100 MB is above Ray's minimum.
+NODE_OBJECT_STORE_BYTES = 100 * 1000 * 1000
 
 
 def connect(address: str | None, namespace: str, num_cpus: int | None = None) -> None:
@@ -28,3 +39,78 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None) ->
     if os.environ.get("RAY_AUTH_MODE", "token") == "token":
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     ray.init(num_cpus=num_cpus, namespace=namespace, include_dashboard=False, log_to_driver=False)
+
+
+class RayNode:
+    """A Ray node of this process's own, joined to the cluster whose GCS is at `gcs_address`, and
+    this process connected to the cluster as a driver on it (`with RayNode(...)`; leaving ends
+    the node).
+
+    The node offers no CPUs and no GPUs, so nothing is ever scheduled on it: it exists so that
+    this process is a driver, whose actor calls go from its own core worker to the actors'
+    directly. A Ray Client (`ray://`) instead sends every call through the head's client server,
+    which unpickles and resubmits it. The one port `ray start` fixes by default (its dashboard
+    agent's, 52365) is taken free here, so the node can share a host with another.
+    """
+
+    def __init__(self, gcs_address: str, namespace: str, timeout_s: float = 60):
+        self.gcs_address, self.namespace, self.timeout_s = gcs_address, namespace, timeout_s
+        self.process: subprocess.Popen | None = None
+        self._address_file = Path(ray._private.utils.get_ray_address_file(None))
+        self._previous_address: str | None = None
+
+    def __enter__(self) -> RayNode:
+        # `ray start` records the cluster it joined in this file, where a later `ray.init()` with
+        # no address would look for a cluster to join; it is put back as it was on leaving.
+        if self._address_file.exists():
+            self._previous_address = self._address_file.read_text()
+        command = [
+            sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
+            "--address", self.gcs_address, "--num-cpus", "0", "--num-gpus", "0",
+            "--object-store-memory", str(NODE_OBJECT_STORE_BYTES),
+            "--dashboard-agent-listen-port", str(free_port()),
+        ]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output: list[str] = []
+        started = threading.Event()
+
+        def read() -> None:  # until the node ends: a full pipe would block it
+            for line in self.process.stdout:
+                output.append(line)
+                if "Ray runtime started" in line:
+                    started.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while not started.wait(0.2):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"ray start --address {self.gcs_address} did not start a node: {''.join(output[-20:])}"
+                    )
+            ray.init(address=self.gcs_address, namespace=self.namespace, log_to_driver=False)
+            return self
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        if ray.is_initialized():
+            ray.shutdown()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()  # `ray start --block` ends its node's processes on SIGTERM
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        if self._previous_address is not None:
+            self._address_file.write_text(self._previous_address)
+        else:
+            self._address_file.unlink(missing_ok=True)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for a process that will bind it in a moment)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

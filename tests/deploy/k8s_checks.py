@@ -298,12 +298,13 @@ def check_wiring(objs: list[dict]) -> list[str]:
                     f"Service {svc_name} sends port {port} to container port {numbers}, "
                     f"the draft listens on {draft.port}"
                 )
-    # coordinator and pool keeper -> Ray head's client port; both name the same pool.
-    for who, address in (
-        ("coordinator --ray-address", coordinator.ray_address),
-        ("target-pool --address", pool.address),
+    # coordinator -> the Ray head's GCS port (it joins as a node: never the client port, through
+    # which every verify call would pass); pool keeper -> the head's client port.
+    for who, address, scheme in (
+        ("coordinator --ray-join", coordinator.ray_join, ""),
+        ("target-pool --address", pool.address, "ray://"),
     ):
-        m = re.fullmatch(r"ray://([a-z0-9-]+)-head-svc\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)", address or "")
+        m = re.fullmatch(scheme + r"([a-z0-9-]+)-head-svc\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)", address or "")
         clusters = [
             rc
             for rc in ray_clusters
@@ -311,13 +312,15 @@ def check_wiring(objs: list[dict]) -> list[str]:
         ]
         if not clusters:
             problems.append(
-                f"{who} {address}: expected ray://RAYCLUSTER-head-svc.NAMESPACE.svc.cluster.local:PORT "
+                f"{who} {address}: expected {scheme}RAYCLUSTER-head-svc.NAMESPACE.svc.cluster.local:PORT "
                 "of a rendered RayCluster"
             )
             continue
         head = clusters[0]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-        if int(m.group(3)) not in {p["containerPort"] for p in head.get("ports", [])}:
-            problems.append(f"{who}: port {m.group(3)} is not a port of the Ray head")
+        wanted = "gcs-server" if who.startswith("coordinator") else "client"
+        names = {p["containerPort"]: p.get("name") for p in head.get("ports", [])}
+        if names.get(int(m.group(3))) != wanted:
+            problems.append(f"{who}: port {m.group(3)} is not the Ray head's {wanted} port")
         if m.group(2) != coordinator_ns:
             problems.append(f"{who}: namespace {m.group(2)} is not the deployment's ({coordinator_ns})")
     if (pool.name, pool.namespace) != (coordinator.target_pool, coordinator.namespace):

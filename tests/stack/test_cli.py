@@ -91,6 +91,8 @@ REFUSED = (
     ["--draft-timeout", "0"],
     ["--speculation-max-running", "-1"],
     ["--max-inflight", "0"],
+    ["--ray-join", "ray://head:10001"],  # a GCS address, not a Ray Client one
+    ["--ray-join", "head"],
 )
 
 
@@ -103,6 +105,11 @@ def test_coordinator_flags_and_environment_map_onto_the_config():
     )
     assert config.server.max_inflight == 3 and config.server.port == 0  # the flag wins over the environment
     assert config.draft == "127.0.0.1:50052" and config.ray_address == "auto" and config.target_model is None
+    assert config.ray_join is None
+    assert (
+        parse_config([], {"SPECDEC_COORDINATOR_DRAFT": "x:1", "SPECDEC_COORDINATOR_RAY_JOIN": "h:6379"}).ray_join
+        == "h:6379"
+    )
     from_env = parse_config(
         [], {"SPECDEC_COORDINATOR_DRAFT": "dns:///draft:50052", "SPECDEC_COORDINATOR_PIPELINE": "off"}
     )
