@@ -17,9 +17,12 @@ import asyncio
 import json
 import logging
 import socket
+import ssl
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import uvicorn
@@ -344,12 +347,14 @@ class _NoSignals:
 
 
 class HttpServer:
-    """`HttpApi` on `host:port` (0 picks a free one): `start`, then `stop`."""
+    """`HttpApi` on `host:port` (0 picks a free one): `start`, then `stop`. With `tls`
+    (certificate chain PEM, private key PEM), HTTPS with the gRPC port's certificate."""
 
-    def __init__(self, api: HttpApi, host: str, port: int, grace_s: float):
+    def __init__(self, api: HttpApi, host: str, port: int, grace_s: float, tls: tuple[bytes, bytes] | None = None):
         self.api = api
         self.host, self.port = host, port
         self.grace_s = grace_s
+        self.tls = tls
         self._server: _Server | None = None
         self._task: asyncio.Task | None = None
 
@@ -371,6 +376,9 @@ class HttpServer:
             self.api.app, lifespan="off", log_level="warning", access_log=False,
             timeout_graceful_shutdown=self.grace_s,
         )  # fmt: skip
+        config.load()
+        if self.tls is not None:
+            config.ssl = _ssl_context(*self.tls)  # uvicorn serves the sockets it is given with this
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -390,3 +398,16 @@ class HttpServer:
             self._server.should_exit = True
             await self._task
             self._server = self._task = None
+
+
+def _ssl_context(cert_chain: bytes, private_key: bytes) -> ssl.SSLContext:
+    """A TLS server context from PEM bytes (Python's ssl loads them from files only: a private
+    temporary directory holds them for the moment it reads them)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory() as directory:
+        cert, key = Path(directory) / "cert.pem", Path(directory) / "key.pem"
+        cert.write_bytes(cert_chain)
+        key.touch(mode=0o600)
+        key.write_bytes(private_key)
+        context.load_cert_chain(cert, key)
+    return context

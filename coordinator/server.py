@@ -225,7 +225,7 @@ class GenerationServer:
         if config.http_port is not None:
             name = config.served_model_name or self.calls.model_name
             api = HttpApi(self.calls, name, engine.target.max_context, api_key=config.api_key)
-            self.http = HttpServer(api, config.host, config.http_port, config.grace_s)
+            self.http = HttpServer(api, config.host, config.http_port, config.grace_s, tls=config.tls)
         self.http_port = 0  # bound by `start`
 
     @property

@@ -465,6 +465,10 @@ _DELEGATED = {
     ),
     "draft": ("specdec.draft_service.__main__", "serve the draft tier (DraftService over gRPC)"),
     "target": ("specdec.target_service.__main__", "start or resize the target actor pool on Ray"),
+    "fetch-models": (
+        "specdec.cli.fetch_models",
+        "download hub models into a directory, once, for pods that load them from there",
+    ),
     "distill-draft": (
         "specdec.distill.train",
         "distil a small pruned-vocabulary draft model from a target (resumable)",

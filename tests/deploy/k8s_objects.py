@@ -198,11 +198,17 @@ def labels_match(selector: dict, labels: dict) -> bool:
 
 
 def _parsers():
+    from specdec.cli.fetch_models import _parser as fetch_parser
     from specdec.coordinator.__main__ import _parser as coordinator_parser
     from specdec.draft_service.__main__ import _parser as draft_parser
     from specdec.target_service.__main__ import _parser as target_parser
 
-    return {"coordinator": coordinator_parser, "draft": draft_parser, "target": lambda environ: target_parser()}
+    return {
+        "coordinator": coordinator_parser,
+        "draft": draft_parser,
+        "target": lambda environ: target_parser(),
+        "fetch-models": lambda environ: fetch_parser(),
+    }
 
 
 def parse_specdec(argv: list[str], env: dict[str, str]):
@@ -221,7 +227,7 @@ def parse_specdec(argv: list[str], env: dict[str, str]):
                 return sub, coordinator_config(rest, env)
             if sub == "draft":
                 return sub, draft_config(rest, env)
-            return sub, _parsers()["target"](env).parse_args(rest)
+            return sub, _parsers()[sub](env).parse_args(rest)
     except SystemExit as e:
         raise ValueError(f"specdec {' '.join(argv)}: exit {e.code}: {stderr.getvalue().strip()}") from None
 

@@ -31,6 +31,7 @@ from k8s_checks import (
     check_command_lines,
     check_custom_resources,
     check_env,
+    check_models,
     check_ports,
     check_ray_versions,
     check_references,
@@ -53,6 +54,7 @@ from k8s_objects import (
     OVERLAYS,
     ROOT,
     containers,
+    env_name,
     find,
     is_specdec_image,
     one,
@@ -471,8 +473,9 @@ def test_the_checks_catch_broken_manifests():
 @pytest.mark.parametrize("overlay", ["dev-cpu", "gpu"])
 def test_apply_works_again_after_a_configuration_change(overlay, tmp_path):
     """`kubectl apply -k` after one key of specdec.env changed: the ConfigMap gets a new hashed
-    name, every object that names it changes with it, and none of those is immutable (no Job: the
-    pool keeper is a Deployment)."""
+    name, every object that names it changes with it, and none of those is immutable: the pool
+    keeper is a Deployment, and the gpu overlay's model fill Job names no configuration, so it is
+    the same object after the change (applied again, it is left as it is)."""
     copy_dir = tmp_path / "k8s"
     shutil.copytree(K8S, copy_dir)
     env = copy_dir / "base" / "specdec.env"
@@ -486,4 +489,63 @@ def test_apply_works_again_after_a_configuration_change(overlay, tmp_path):
     changed = {key for key in before.keys() & after.keys() if before[key] != after[key]}
     assert ("Deployment", "specdec-target-pool") in changed  # it names the config: it rolls
     immutable = {"Job", "CronJob", "Pod"}
-    assert not [key for key in before.keys() | after.keys() if key[0] in immutable]
+    assert not [key for key in changed | (before.keys() ^ after.keys()) if key[0] in immutable]
+    jobs = [key for key in before if key[0] in immutable]
+    assert jobs == ([("Job", "specdec-models-fill")] if overlay == "gpu" else [])
+
+
+@pytest.mark.parametrize("overlay", ["dev-cpu", "gpu"])
+def test_models_on_a_claim_are_fetched_there_once_and_waited_for(overlay):
+    """The gpu overlay serves a real pair from a ReadWriteMany claim the fill Job writes
+    (`specdec fetch-models`); every pod that loads a model from it mounts it and waits for the
+    fill. Breaking either (a pod without the mount, a model the Job does not fetch) is caught."""
+    objs = render(overlay)
+    assert check_models(objs) == []
+    if overlay != "gpu":
+        return
+    config = next(o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("specdec-config"))
+    assert config["data"]["TARGET_MODEL"] == "/models/Qwen3-8B"
+    assert config["data"]["SPECDEC_DRAFT_DRAFT_MODEL"] == "suffix:/models/Qwen3-0.6B"
+    unmounted = copy.deepcopy(objs)
+    draft = next(o for o in unmounted if o["kind"] == "Deployment" and o["metadata"]["name"] == "specdec-draft")
+    draft["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [
+        m for m in draft["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] if m["name"] != "models"
+    ]
+    assert any("does not mount specdec-models" in p for p in check_models(unmounted))
+    unfetched = copy.deepcopy(objs)
+    job = next(o for o in unfetched if o["kind"] == "Job")
+    job["spec"]["template"]["spec"]["containers"][0]["args"].remove("Qwen/Qwen3-0.6B")
+    assert any("which the fill Job does not fetch" in p for p in check_models(unfetched))
+
+
+def test_tls_on_the_public_ports_is_one_component(tmp_path):
+    """k8s/components/coordinator-tls added to an overlay: the coordinator reads its certificate
+    and key (the flags' own variables) from a mounted kubernetes.io/tls Secret, and no probe
+    speaks plaintext gRPC to the now TLS-only port."""
+    from specdec.coordinator.__main__ import _parser
+
+    copy_dir = tmp_path / "k8s"
+    shutil.copytree(K8S, copy_dir)
+    overlay = copy_dir / "overlays" / "with-tls"
+    overlay.mkdir()
+    overlay.joinpath("kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources: [../gpu]\ncomponents: [../../components/coordinator-tls]\n"
+    )
+    done = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    objs = [o for o in yaml.safe_load_all(done.stdout) if o]
+    assert check_builtin_kinds(objs) == []
+    (coordinator,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "specdec-coordinator"]
+    pod = coordinator["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    flags = {a.option_strings[0]: env_name("SPECDEC_COORDINATOR_", a) for a in _parser({})._actions if a.option_strings}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"tls": "specdec-tls"} and mounts["tls"] == "/etc/specdec/tls"
+    assert env[flags["--tls-cert"]] == "/etc/specdec/tls/tls.crt"  # kubernetes.io/tls Secret keys
+    assert env[flags["--tls-key"]] == "/etc/specdec/tls/tls.key"
+    probes = {name: c[name] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert not [name for name, probe in probes.items() if "grpc" in probe]
+    assert probes["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTPS"}

@@ -9,6 +9,7 @@ import datetime
 import ipaddress
 import logging
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -146,10 +147,11 @@ def tls_server(served, tmp_path_factory):
     (root / "key.pem").write_bytes(key)
 
     async def start():
-        server = GenerationServer(served.engine, ServerConfig(port=0, tls=(cert, key)))
+        server = GenerationServer(served.engine, ServerConfig(port=0, http_port=0, tls=(cert, key)))
         return server, await server.start()
 
     server, port = served.loop.run(start())
+    root.joinpath("http_port").write_text(str(server.http_port))
     yield f"127.0.0.1:{port}", root
     served.loop.run(server.stop(0))
 
@@ -169,6 +171,23 @@ def test_a_tls_client_is_answered_and_a_plaintext_one_is_not(tls_server, served)
         with pytest.raises(grpc.RpcError) as info:
             generation_pb2_grpc.GenerationServiceStub(channel).Generate(served.good_request(), timeout=10)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_http_port_serves_https_with_the_same_certificate(tls_server):
+    """One certificate for both public ports: HTTPS answers a client that trusts it, a plaintext
+    request and a client with another CA get no answer."""
+    _, root = tls_server
+    port = int((root / "http_port").read_text())
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(root / "cert.pem"))) as client:
+        assert client.get(f"https://127.0.0.1:{port}/health", timeout=10).status_code == 200
+        models = client.get(f"https://127.0.0.1:{port}/v1/models", timeout=10).json()
+        assert models["data"][0]["id"]
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+    other_ca, _ = self_signed()
+    other = ssl.create_default_context(cadata=other_ca.decode())
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"https://127.0.0.1:{port}/health", timeout=10, verify=other)
 
 
 def test_cli_generate_calls_over_tls_with_tls_ca(tls_server, capsys):
