@@ -49,8 +49,8 @@ class RayNode:
     The node offers no CPUs and no GPUs, so nothing is ever scheduled on it: it exists so that
     this process is a driver, whose actor calls go from its own core worker to the actors'
     directly. A Ray Client (`ray://`) instead sends every call through the head's client server,
-    which unpickles and resubmits it. The one port `ray start` fixes by default (its dashboard
-    agent's, 52365) is taken free here, so the node can share a host with another.
+    which unpickles and resubmits it. The node's own ports are chosen free here (`ray start`
+    fixes some and races for others), so it can share a host with other nodes.
     """
 
     def __init__(self, gcs_address: str, namespace: str, timeout_s: float = 60):
@@ -68,8 +68,8 @@ class RayNode:
             sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
             "--address", self.gcs_address, "--num-cpus", "0", "--num-gpus", "0",
             "--object-store-memory", str(NODE_OBJECT_STORE_BYTES),
-            "--dashboard-agent-listen-port", str(free_port()),
         ]  # fmt: skip
+        command += free_node_ports()
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         output: list[str] = []
         started = threading.Event()
@@ -114,3 +114,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+NODE_PORTS = (
+    "node-manager-port",
+    "object-manager-port",
+    "runtime-env-agent-port",
+    "dashboard-agent-grpc-port",
+    "dashboard-agent-listen-port",
+    "metrics-export-port",
+)
+
+
+def free_node_ports() -> list[str]:
+    """`ray start` arguments giving each port of a node a free one of this host."""
+    return [arg for name in NODE_PORTS for arg in (f"--{name}", str(free_port()))]
