@@ -26,7 +26,6 @@ from specdec.coordinator.server import ServerConfig
 from specdec.core import flag_types
 
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
-log = logging.getLogger(__name__)
 METRICS_PORT = 9464
 
 

@@ -56,14 +56,10 @@ class RayNode:
     def __init__(self, gcs_address: str, namespace: str, timeout_s: float = 60):
         self.gcs_address, self.namespace, self.timeout_s = gcs_address, namespace, timeout_s
         self.process: subprocess.Popen | None = None
-        self._address_file = Path(ray._private.utils.get_ray_address_file(None))
         self._previous_address: str | None = None
 
     def __enter__(self) -> RayNode:
-        # `ray start` records the cluster it joined in this file, where a later `ray.init()` with
-        # no address would look for a cluster to join; it is put back as it was on leaving.
-        if self._address_file.exists():
-            self._previous_address = self._address_file.read_text()
+        self._previous_address = recorded_ray_address()
         command = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
             "--address", self.gcs_address, "--num-cpus", "0", "--num-gpus", "0",
@@ -103,10 +99,27 @@ class RayNode:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-        if self._previous_address is not None:
-            self._address_file.write_text(self._previous_address)
-        else:
-            self._address_file.unlink(missing_ok=True)
+        restore_ray_address(self._previous_address)
+
+
+def _address_file() -> Path:
+    return Path(ray._private.utils.get_ray_address_file(None))
+
+
+def recorded_ray_address() -> str | None:
+    """The cluster address `ray start` last recorded on this host, where a later `ray.init()` with
+    no address looks for a cluster to join (None: none recorded)."""
+    path = _address_file()
+    return path.read_text() if path.exists() else None
+
+
+def restore_ray_address(previous: str | None) -> None:
+    """Put the recorded address back as `recorded_ray_address` found it: a `ray start` that
+    joined a cluster for a while must not leave later `ray.init()` calls pointed at it."""
+    if previous is None:
+        _address_file().unlink(missing_ok=True)
+    else:
+        _address_file().write_text(previous)
 
 
 def free_port() -> int:

@@ -24,12 +24,17 @@ from pathlib import Path
 import grpc
 import pytest
 import ray._private.services
-import ray._private.utils
 from stackkit import REQUESTS, ROOT, Streams, scrape, until, wait_serving
 
 from specdec.coordinator.convert import request_from_proto
 from specdec.local.in_process import build_engine
-from specdec.target_service.ray_cluster import NODE_PORTS, free_node_ports, free_port
+from specdec.target_service.ray_cluster import (
+    NODE_PORTS,
+    free_node_ports,
+    free_port,
+    recorded_ray_address,
+    restore_ray_address,
+)
 
 sys.path.insert(0, str(ROOT / "tests" / "deploy"))
 from k8s_objects import command_line, containers, find, render  # noqa: E402
@@ -72,18 +77,17 @@ class Proc:
                 self.process.wait(10)
 
 
-def _rendered() -> dict[str, tuple[list[str], dict[str, str], dict]]:
-    """role -> (argv, environment, pod template) of the dev-cpu overlay's containers."""
+def _rendered() -> tuple[dict[str, tuple[list[str], dict[str, str]]], dict[str, dict[str, str]]]:
+    """The dev-cpu overlay's role -> (argv, environment) of its first container, and the
+    RayCluster's rayStartParams of the head and of the worker group."""
     objs = render("dev-cpu")
-    out = {}
+    roles = {}
     for owner, role, template, c in containers(objs):
-        if template is not None and role not in out:
-            argv, env = command_line(objs, owner, c)
-            out[role] = (argv, env, template)
+        if template is not None and role not in roles:
+            roles[role] = command_line(objs, owner, c)
     (rc,) = find(objs, "RayCluster")
     head, worker = rc["spec"]["headGroupSpec"], rc["spec"]["workerGroupSpecs"][0]
-    out["ray-params"] = ([], {}, {"head": head["rayStartParams"], "worker": worker["rayStartParams"]})
-    return out
+    return roles, {"head": head["rayStartParams"], "worker": worker["rayStartParams"]}
 
 
 def _env(rendered_env: dict[str, str], cache: Path) -> dict[str, str]:
@@ -124,14 +128,11 @@ def _ray_start(params: dict[str, str], extra: list[str]) -> list[str]:
 def cluster(tiny_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("manifest-cluster")
     cache = logs / "cache"
-    rendered = _rendered()
-    params = rendered["ray-params"][2]
+    rendered, params = _rendered()
     host = ray._private.services.get_node_ip_address()
     gcs, client = free_port(), free_port()
     procs: dict[str, Proc] = {}
-    # `ray start` records its cluster where a later `ray.init()` would look for one: put it back.
-    address_file = Path(ray._private.utils.get_ray_address_file(None))
-    previous = address_file.read_text() if address_file.exists() else None
+    previous = recorded_ray_address()
     try:
         head_env = _env(rendered["target-head"][1], cache)
         procs["head"] = Proc(
@@ -150,7 +151,7 @@ def cluster(tiny_dir, tmp_path_factory):
                 f"worker-{i}", _ray_start(params["worker"], ["--address", f"{host}:{gcs}"]), worker_env, logs
             )
             procs[f"worker-{i}"].wait_for("Ray runtime started")
-        argv, env, _ = rendered["target-pool"]
+        argv, env = rendered["target-pool"]
         argv = _flag(argv, "--address", f"ray://{host}:{client}")
         argv = _flag(_flag(argv, "--replicas", "2"), "--target-model", tiny_dir("llama", TARGET_SEED))
         metrics_port = free_port()  # the actors take the first free ports from here on
@@ -165,12 +166,12 @@ def cluster(tiny_dir, tmp_path_factory):
             except AssertionError:
                 if attempt == 2 or procs["keeper"].process.poll() is None:
                     raise
-        argv, env, _ = rendered["draft"]
+        argv, env = rendered["draft"]
         draft_port = free_port()
         argv = _flag(_flag(argv, "--host", "127.0.0.1"), "--port", str(draft_port))
         argv = _flag(argv, "--metrics-port", str(free_port()))
         procs["draft"] = Proc("draft", [sys.executable, "-m", "specdec.cli.app", *argv], _env(env, cache), logs)
-        argv, env, _ = rendered["coordinator"]
+        argv, env = rendered["coordinator"]
         argv = _flag(_flag(argv, "--draft", f"127.0.0.1:{draft_port}"), "--ray-join", f"{host}:{gcs}")
         argv = _flag(_flag(argv, "--host", "127.0.0.1"), "--grace", "1")
         coordinators = []
@@ -189,10 +190,7 @@ def cluster(tiny_dir, tmp_path_factory):
     finally:
         for name in sorted(procs, key=lambda n: ("head" in n, "worker" in n)):  # the head goes last
             procs[name].stop(signal.SIGKILL if name == "draft" else signal.SIGTERM)
-        if previous is None:
-            address_file.unlink(missing_ok=True)
-        else:
-            address_file.write_text(previous)
+        restore_ray_address(previous)
 
 
 def _client_server_pids(port: int) -> list[int]:
