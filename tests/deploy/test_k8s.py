@@ -31,7 +31,6 @@ from k8s_checks import (
     check_command_lines,
     check_custom_resources,
     check_env,
-    check_models,
     check_ports,
     check_ray_versions,
     check_references,
@@ -44,6 +43,7 @@ from k8s_checks import (
     dockerignore,
     in_build_context,
 )
+from k8s_model_checks import check_models
 from k8s_objects import (
     _ENV_LITERAL,
     _ENV_READ,
