@@ -16,7 +16,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.flags import HTTP_PORT, add_engine_flags, add_http_flags, engine_config, server_config
 from specdec.coordinator.server import ServerConfig
 from specdec.core import flag_types
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
 METRICS_PORT = 9464
@@ -42,6 +45,7 @@ class CoordinatorConfig:
     engine: EngineConfig
     draft_auth_token: str | None = field(default=None, repr=False)  # sent as 'authorization: Bearer <token>'
     pool_check_s: float = 2.0  # how often health checks that an actor of the pool answers
+    pool_wait_s: float = 0.0  # how long to wait at start for the pool's first actor
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -88,6 +92,13 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "or GPUs, running as a driver on it: verify calls then go to the actors directly, never through "
         "the head (Ray's ports must be open between this host and the cluster's); replaces --ray-address",
         metavar="HOST:PORT",
+    )
+    flag(
+        "pool-wait",
+        0.0,
+        flag_types.seconds,
+        "seconds to wait at start for the target pool's first actor (pods start in any order, and a "
+        "restarted Ray head has no actors until the keeper recreates them); 0: fail at once",
     )
     flag("target-model", None, str, "model spec to load the tokenizer from (default: the model the pool reports)")
     flag("host", server.host, str, "address to bind")
@@ -141,18 +152,21 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
         server=server_config(args, grace_s=args.grace, tls=tls),
         engine=engine,
         draft_auth_token=args.draft_auth_token or None,
+        pool_wait_s=args.pool_wait,
     )
 
 
-async def serve(config: CoordinatorConfig) -> None:
-    """Serve until SIGTERM or SIGINT, then stop: NOT_SERVING, calls in flight get the grace period."""
+async def serve(config: CoordinatorConfig, node_ended: Callable[[], bool] = lambda: False) -> int:
+    """Serve until SIGTERM or SIGINT (0), or until the Ray node this process joined ends (1, so
+    that the pod restarts and joins the cluster anew), then stop: NOT_SERVING, calls in flight
+    get the grace period."""
     from specdec.coordinator.clients import DraftClient, DraftClientConfig
     from specdec.coordinator.remote import connect_engine
     from specdec.coordinator.server import GenerationServer
-    from specdec.target_service.pool import PoolConfig, TargetPool
+    from specdec.target_service.pool import PoolConfig
     from specdec.telemetry.metrics import MetricsServer
 
-    pool = TargetPool(PoolConfig(prefix=config.target_pool, namespace=config.namespace))
+    pool = await _first_pool(PoolConfig(prefix=config.target_pool, namespace=config.namespace), config, node_ended)
     draft_addresses = config.draft.split(",") if "," in config.draft else config.draft
     async with DraftClient(draft_addresses, DraftClientConfig(auth_token=config.draft_auth_token)) as draft:
         engine = await connect_engine(draft, pool, config.target_model, config.engine)
@@ -175,13 +189,46 @@ async def serve(config: CoordinatorConfig) -> None:
         print(f"coordinator metrics on {metrics.address}", flush=True)
         # Health follows the target tier: NOT_SERVING while no actor of the pool answers.
         watch = loop.create_task(server.follow(pool.reachable, config.pool_check_s))
+        stopped, ended = loop.create_task(stop.wait()), loop.create_task(_until(node_ended))
         try:
-            await stop.wait()
+            await asyncio.wait([stopped, ended], return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
+            lost = ended.done()
+            if lost:
+                print(
+                    "specdec coordinator: the Ray node this process joined has ended (the head restarted or is "
+                    "gone): stopping, to be restarted and join the cluster anew",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            stopped.cancel()
+            ended.cancel()
             await server.stop()
             metrics.close()
+        return 1 if lost else 0
+
+
+async def _first_pool(pool_config, config: CoordinatorConfig, node_ended: Callable[[], bool]):
+    """The target pool once it has an actor, waited for up to `config.pool_wait_s` (while the Ray
+    node this process joined lives): raises `TargetUnavailable` after that."""
+    from specdec.target_service.pool import TargetPool, TargetUnavailable
+
+    deadline = time.monotonic() + config.pool_wait_s
+    while True:
+        try:
+            return await asyncio.to_thread(TargetPool, pool_config)
+        except TargetUnavailable as e:
+            if time.monotonic() >= deadline or node_ended():
+                raise
+            log.info("%s: waiting (up to %.0f s in all)", e, config.pool_wait_s)
+            await asyncio.sleep(1.0)
+
+
+async def _until(condition: Callable[[], bool], every_s: float = 1.0) -> None:
+    while not condition():
+        await asyncio.sleep(every_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdec coordinator: cannot join the Ray cluster: {e}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(serve(config))
+        return asyncio.run(serve(config, node.ended if node is not None else lambda: False))
     except TargetUnavailable as e:
         print(f"specdec coordinator: {e}", file=sys.stderr)
         return 1
@@ -214,8 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if node is not None:
+            lost = node.ended()
             node.__exit__()  # the node goes with the process
-    return 0
+            if lost:
+                # Cut off from the cluster for good: Ray's exit hooks would only wait on it.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(1)
 
 
 if __name__ == "__main__":

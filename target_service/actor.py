@@ -13,7 +13,10 @@ once and is re-prefilled by the pool.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ from specdec.core.session_store import SessionStore
 from specdec.drafts.loading import load_model
 from specdec.target_service import metrics
 from specdec.target_service.protocol import VerifyReply, VerifyRequest
+from specdec.target_service.ray_cluster import watch_cluster
 from specdec.target_service.verifier import (
     DEFAULT_PASS_TOKENS,
     ItemRejected,
@@ -37,6 +41,8 @@ from specdec.target_service.verifier import (
 )
 from specdec.telemetry.metrics import MetricsServer
 from specdec.telemetry.tracing import configure_tracing
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,12 @@ class TargetActor:
         self.draining = False  # set by `drain`: every round is answered `overloaded` from then on
         # The first free port from metrics_port on: actors sharing a node count up from it.
         self.metrics = MetricsServer(config.metrics_host, config.metrics_port, search=64)
+        # A node of a replaced cluster (its head restarted without GCS fault tolerance) serves
+        # nobody: end it now, so that its pod restarts into the new cluster, where the pool
+        # keeper recreates this actor (Ray ends it too, but 2 to 50 s later).
+        self._left = threading.Event()
+        if ray.is_initialized():
+            watch_cluster(ray.get_runtime_context().gcs_address, _end_node, self._left)
 
     def info(self) -> dict:
         return {
@@ -308,6 +320,14 @@ def _set(future: asyncio.Future, reply: VerifyReply | None, error: Exception | N
 
 def _proposal(request: VerifyRequest) -> DraftProposal:
     return DraftProposal(list(request.draft_ids), request.draft_probs)
+
+
+def _end_node() -> None:
+    """Kill this worker process's raylet (its parent: Ray workers are the raylet's children).
+    Killed, not terminated: `ray start --block` takes a raylet's SIGTERM exit for a graceful stop
+    and would go on blocking; an unexpected exit ends it, and with it the pod's container."""
+    log.warning("the Ray head answers as a new cluster: ending this node, to rejoin it restarted")
+    os.kill(os.getppid(), signal.SIGKILL)
 
 
 def remote_actor_class(num_gpus: int, num_cpus: int = 1, max_restarts: int = -1):

@@ -61,6 +61,7 @@ class PoolConfig:
     refresh_s: float = 10.0  # how often to look for added or removed actors
     verify_timeout_s: float = 60.0  # a round unanswered this long moves its session to another actor
     load_poll_s: float = 1.0  # how often to read the actors' own load for placing new sessions
+    lookup_timeout_s: float = 5.0  # a lookup of the actors by name slower than this keeps the handles we have
 
 
 @dataclass
@@ -84,6 +85,7 @@ class TargetPool:
         self._placed_since_poll: dict[str, int] = {}
         self._polled = 0.0
         self._poll: asyncio.Task | None = None
+        self._lookup: asyncio.Future | None = None
         self.refresh()
         if not self.actors:
             raise self._no_actors()
@@ -103,13 +105,33 @@ class TargetPool:
             raise self._no_actors()
         return await next(iter(self.actors.values())).info.remote()
 
+    async def _look_up(self, force: bool = False) -> None:
+        """Look the actors up by name again when the last lookup is older than refresh_s (or now,
+        with `force`): off the event loop, one lookup at a time, bounded by lookup_timeout_s. The
+        lookup asks the head; while the head is down it blocks, but the actors still answer the
+        handles we hold (calls go to them directly), so a failed lookup keeps those."""
+        if not force and time.monotonic() - self._refreshed <= self.config.refresh_s:
+            return
+        if self._lookup is None:
+            self._lookup = asyncio.ensure_future(
+                asyncio.wait_for(asyncio.to_thread(self.refresh), self.config.lookup_timeout_s)
+            )
+            # Read even when every caller has gone (cancelled): never an unretrieved exception.
+            self._lookup.add_done_callback(lambda f: f.cancelled() or f.exception())
+        lookup = self._lookup
+        try:
+            await asyncio.shield(lookup)  # a cancelled caller leaves the lookup to the others
+        except Exception as error:  # noqa: BLE001 - the head unreachable: keep what we have
+            log.warning("looking up the target actors failed (%s): keeping %d handles", error, len(self.actors))
+            self._refreshed = time.monotonic()
+        finally:
+            if self._lookup is lookup and lookup.done():
+                self._lookup = None
+
     async def reachable(self, timeout_s: float = 2.0) -> bool:
         """Whether any actor of the pool answers within `timeout_s` (the actors are looked up
         again first: after a head restart the old handles name actors that are gone)."""
-        try:
-            await asyncio.to_thread(self.refresh)
-        except Exception:  # noqa: BLE001 - the head itself is unreachable: nothing is
-            return False
+        await self._look_up(force=True)
         if not self.actors:
             return False
         done, pending = await asyncio.wait(
@@ -129,6 +151,7 @@ class TargetPool:
             await self._poll_load()
         full: set[str] = set()  # actors that answered `overloaded` to this round
         for _ in range(self.config.attempts):
+            await self._look_up(force=not self.actors)  # a pool that lost every actor may have new ones
             placement = self._placement(session_id)
             request = VerifyRequest(
                 session_id,
@@ -189,12 +212,8 @@ class TargetPool:
                 pass  # a dead actor holds nothing; its TTL would have freed it anyway
 
     def _placement(self, session_id: str) -> _Placement:
-        if time.monotonic() - self._refreshed > self.config.refresh_s:
-            self.refresh()
         placement = self.sessions.get(session_id)
         if placement is None or placement.actor not in self.actors:
-            if not self.actors:
-                self.refresh()  # a pool that lost every actor may have new ones
             placement = self.sessions[session_id] = _Placement(self._least_loaded())
         return placement
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -53,12 +54,20 @@ class RayNode:
     fixes some and races for others), so it can share a host with other nodes.
     """
 
-    def __init__(self, gcs_address: str, namespace: str, timeout_s: float = 60):
-        self.gcs_address, self.namespace, self.timeout_s = gcs_address, namespace, timeout_s
+    def __init__(self, gcs_address: str, namespace: str, timeout_s: float = 60, check_s: float = 2.0):
+        self.gcs_address, self.namespace, self.timeout_s, self.check_s = gcs_address, namespace, timeout_s, check_s
         self.process: subprocess.Popen | None = None
         self._previous_address: str | None = None
+        self._left = threading.Event()
+        self._replaced = threading.Event()
 
     def __enter__(self) -> RayNode:
+        # A node started while the head is down (restarting) fails only after Ray's own startup
+        # wait; first wait for the GCS port, as KubeRay's workers do in an init container.
+        if not gcs_reachable(self.gcs_address, self.timeout_s):
+            raise RuntimeError(
+                f"the Ray head's GCS at {self.gcs_address} did not accept a connection in {self.timeout_s:.0f} s"
+            )
         self._previous_address = recorded_ray_address()
         command = [
             sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
@@ -85,21 +94,73 @@ class RayNode:
                         f"ray start --address {self.gcs_address} did not start a node: {''.join(output[-20:])}"
                     )
             ray.init(address=self.gcs_address, namespace=self.namespace, log_to_driver=False)
+            watch_cluster(self.gcs_address, self._replaced.set, self._left, self.check_s)
             return self
         except BaseException:
             self.__exit__()
             raise
 
+    def ended(self) -> bool:
+        """Whether this process is cut off from the cluster for good: its node has exited (the
+        head gone too long), or the head answers as a new cluster (restarted without GCS fault
+        tolerance; the node's raylet notices only 2 to 50 s later, and until this process leaves,
+        its driver keeps sending the new head requests it rejects, thousands a second)."""
+        return self._replaced.is_set() or (self.process is not None and self.process.poll() is not None)
+
     def __exit__(self, *exc) -> None:
-        if ray.is_initialized():
+        self._left.set()
+        replaced = self._replaced.is_set()
+        if ray.is_initialized() and not replaced:  # a replaced cluster's driver can only hang in it
             ray.shutdown()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()  # `ray start --block` ends its node's processes on SIGTERM
             try:
-                self.process.wait(timeout=30)
+                self.process.wait(timeout=5 if replaced else 30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
         restore_ray_address(self._previous_address)
+
+
+def watch_cluster(
+    gcs_address: str, on_replaced: Callable[[], None], stop: threading.Event, every_s: float = 2.0
+) -> None:
+    """Call `on_replaced` (once, from a thread of its own) when the head at `gcs_address` answers
+    as another cluster than the one this process joined: a head restarted without GCS fault
+    tolerance starts a new cluster, and nothing of the old one (nodes, drivers, actors) can
+    rejoin it. Ray's own processes find out 2 to 50 s later, meanwhile sending the new head
+    requests it rejects, thousands a second. Checked every `every_s` until `stop` is set."""
+    joined = ray._private.worker.global_worker.node.cluster_id.hex()
+
+    def watch() -> None:
+        from ray._raylet import GcsClient
+
+        while not stop.wait(every_s):
+            if not gcs_reachable(gcs_address, 0):
+                continue  # down: it may come back as the same cluster (GCS fault tolerance)
+            try:
+                current = GcsClient(address=gcs_address).cluster_id.hex()
+            except Exception:  # noqa: BLE001 - starting up or going down: ask again later
+                continue
+            if current != joined:
+                on_replaced()
+                return
+
+    threading.Thread(target=watch, name="watch-cluster", daemon=True).start()
+
+
+def gcs_reachable(address: str, timeout_s: float) -> bool:
+    """Whether a TCP connection to `address` (HOST:PORT) succeeds within `timeout_s`, tried
+    every 0.5 s."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
 
 
 def _address_file() -> Path:

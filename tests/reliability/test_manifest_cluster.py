@@ -1,245 +1,146 @@
-"""The dev-cpu manifests' own command lines and environment, run as local processes on loopback:
-a Ray head and two worker nodes (`ray start` with the RayCluster's rayStartParams), the pool
-keeper, the draft server and three coordinators (each joining Ray as a node of its own). Only
-what cannot hold on one host changes: service names become 127.0.0.1 or the host's Ray address,
-fixed ports become free ones, the model is the tiny test model, secrets are the test's own, the
-Ray dashboard is off and tracing has no collector.
+"""The dev-cpu manifests' own command lines and environment, run as local processes on loopback
+(`manifest_pods`): a Ray head and two worker nodes (`ray start` with the RayCluster's
+rayStartParams), the pool keeper, the draft server and three coordinators (each joining Ray as a
+node of its own), each restarted when it exits, as its pod would be.
 
-Checked: the keeper creates the pool; with the keeper gone and the head's Ray Client server
-frozen, all three coordinators still serve (their verify calls never touch the head's client
-server); 3 coordinators x 6 concurrent streams spread over the two actors (9 +- 2 each, as the
-actors count their sessions); every output equals the single-process engine's.
+Checked, in this order, on one cluster: with the keeper gone and the head's Ray Client server
+frozen, 3 coordinators x 6 concurrent streams complete (verify calls never touch the head) and
+spread over the two actors (9 +- 2 sessions each); an actor killed mid-stream, and the pool
+resized 1 -> 2 -> 1 under load, fail no request; after the head is killed and restarted, calls in
+flight complete or get UNAVAILABLE and new calls succeed again within 60 s. Every output that
+completes equals the single-process engine's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
-import subprocess
 import sys
-from pathlib import Path
+import threading
+import time
+from dataclasses import dataclass, field
 
 import grpc
 import pytest
 import ray._private.services
-from stackkit import REQUESTS, ROOT, Streams, scrape, until, wait_serving
+from manifest_pods import (
+    Pod,
+    RayNodePod,
+    client_server_pids,
+    listener_pid,
+    pod_env,
+    ray_start,
+    rendered,
+    with_flag,
+)
+from stackkit import REQUESTS, Outcome, Streams, scrape, until, wait_serving
 
 from specdec.coordinator.convert import request_from_proto
 from specdec.local.in_process import build_engine
-from specdec.target_service.ray_cluster import (
-    NODE_PORTS,
-    free_node_ports,
-    free_port,
-    recorded_ray_address,
-    restore_ray_address,
-)
-
-sys.path.insert(0, str(ROOT / "tests" / "deploy"))
-from k8s_objects import command_line, containers, find, render  # noqa: E402
+from specdec.target_service.ray_cluster import free_port, gcs_reachable, recorded_ray_address, restore_ray_address
 
 TARGET_SEED = 1  # the reliability conftest's target
-TOKEN = "manifest-cluster-test-token"
 START_S = 180.0
+RECOVERY_S = 60.0  # after a head restart, new calls succeed again within this
+# Keeper and coordinators run niced on this one host, behind the Ray nodes: when a head restart
+# restarts every process at once, a Ray node whose agents do not start within Ray's fixed 15 s
+# exits and starts over (in a cluster each pod has cores of its own).
+BEHIND_RAY = 10
+ACTOR_PORTS = 8  # actors serve metrics on the first free ports from the keeper's --metrics-port
 
 
-class Proc:
-    """A child process in a session of its own (stopped with its whole group), output to a file."""
+@dataclass
+class Cluster:
+    pods: dict[str, Pod]
+    coordinators: list[str]
+    client_port: int  # the head's Ray Client server
+    metrics_port: int
+    keeper_argv: list[str]
+    keeper_env: dict[str, str]
+    logs: object
+    expected: list[list[int]] = field(default_factory=list)
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], logs: Path):
-        self.name, self.log = name, logs / f"{name}.log"
-        self.process = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-        )
+    def actors(self) -> list[int]:
+        """The metrics ports of the target actors alive now."""
+        return [p for p in range(self.metrics_port, self.metrics_port + ACTOR_PORTS) if _sessions(p) is not None]
 
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, pattern: str, timeout_s: float = START_S) -> re.Match:
-        found: list[re.Match] = []
-
-        def seen() -> bool:
-            assert self.process.poll() is None, f"{self.name} exited: {self.text()[-3000:]}"
-            found[:] = [m for m in [re.search(pattern, self.text())] if m]
-            return bool(found)
-
-        until(seen, timeout_s, f"{self.name} printing {pattern!r}")
-        return found[0]
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, sig)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-
-
-def _rendered() -> tuple[dict[str, tuple[list[str], dict[str, str]]], dict[str, dict[str, str]]]:
-    """The dev-cpu overlay's role -> (argv, environment) of its first container, and the
-    RayCluster's rayStartParams of the head and of the worker group."""
-    objs = render("dev-cpu")
-    roles = {}
-    for owner, role, template, c in containers(objs):
-        if template is not None and role not in roles:
-            roles[role] = command_line(objs, owner, c)
-    (rc,) = find(objs, "RayCluster")
-    head, worker = rc["spec"]["headGroupSpec"], rc["spec"]["workerGroupSpecs"][0]
-    return roles, {"head": head["rayStartParams"], "worker": worker["rayStartParams"]}
-
-
-def _env(rendered_env: dict[str, str], cache: Path) -> dict[str, str]:
-    env = {k: v for k, v in rendered_env.items() if not v.startswith("<secret")}
-    env.update(
-        PATH=os.environ["PATH"],
-        HOME=os.environ.get("HOME", "/tmp"),
-        PYTHONUNBUFFERED="1",
-        HF_HUB_OFFLINE="1",
-        SPECDEC_CACHE_DIR=str(cache),
-        RAY_AUTH_MODE="token",
-        RAY_AUTH_TOKEN=TOKEN,
-        OTEL_SDK_DISABLED="true",  # no collector here
-    )
-    return env
-
-
-def _flag(argv: list[str], name: str, value: str) -> list[str]:
-    """argv with flag `name` given `value` (replaced where present, else appended)."""
-    argv = list(argv)
-    if name in argv:
-        argv[argv.index(name) + 1] = value
-    else:
-        argv += [name, value]
-    return argv
-
-
-def _ray_start(params: dict[str, str], extra: list[str]) -> list[str]:
-    argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats", *extra]
-    for key, value in params.items():
-        if key == "dashboard-host" or key in NODE_PORTS:
-            continue  # the dashboard is off here; ports are free ones of this host
-        argv += [f"--{key}", value]
-    return argv + free_node_ports()
+    def keeper(self, replicas: int) -> None:
+        """Roll the keeper to `replicas` actors, as `kubectl set env deployment/specdec-target-pool
+        TARGET_REPLICAS=N` does: the old keeper stops, a new one starts with the new count."""
+        if "keeper" in self.pods:
+            self.pods["keeper"].stop()
+        argv = with_flag(self.keeper_argv, "--replicas", str(replicas))
+        self.pods["keeper"] = Pod(
+            f"keeper-{replicas}-{time.monotonic():.0f}", [sys.executable, "-m", "specdec.cli.app", *argv],
+            self.keeper_env, self.logs, niceness=BEHIND_RAY,
+        )  # fmt: skip
+        self.pods["keeper"].wait_for(r"target pool specdec-target", START_S)
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_dir, tmp_path_factory):
+def cluster(tiny_dir, tiny, tmp_path_factory):
     logs = tmp_path_factory.mktemp("manifest-cluster")
     cache = logs / "cache"
-    rendered, params = _rendered()
+    roles, params = rendered()
     host = ray._private.services.get_node_ip_address()
     gcs, client = free_port(), free_port()
-    procs: dict[str, Proc] = {}
+    pods: dict[str, Pod] = {}
     previous = recorded_ray_address()
+
+    def forget_cluster() -> None:
+        # A restarted head refuses to start where this host's address file and another node's
+        # processes still name its address (on one host only: in a pod there are none).
+        restore_ray_address(None)
+
     try:
-        head_env = _env(rendered["target-head"][1], cache)
-        procs["head"] = Proc(
-            "head",
-            _ray_start(
-                params["head"],
-                ["--head", "--port", str(gcs), "--ray-client-server-port", str(client), "--include-dashboard", "false"],
-            ),  # fmt: skip
-            head_env,
-            logs,
-        )
-        procs["head"].wait_for("Ray runtime started")
-        worker_env = _env(rendered["target-worker"][1], cache)
+        head = ["--head", "--port", str(gcs), "--ray-client-server-port", str(client), "--include-dashboard", "false"]
+        pods["head"] = RayNodePod(
+            "head", ray_start(params["head"], head), pod_env(roles["target-head"][1], cache), logs,
+            restart_after_s=3.0, before_start=forget_cluster,
+        )  # fmt: skip
+        pods["head"].wait_for("Ray runtime started", START_S)
         for i in range(2):
-            procs[f"worker-{i}"] = Proc(
-                f"worker-{i}", _ray_start(params["worker"], ["--address", f"{host}:{gcs}"]), worker_env, logs
-            )
-            procs[f"worker-{i}"].wait_for("Ray runtime started")
-        argv, env = rendered["target-pool"]
-        argv = _flag(argv, "--address", f"ray://{host}:{client}")
-        argv = _flag(_flag(argv, "--replicas", "2"), "--target-model", tiny_dir("llama", TARGET_SEED))
+            pods[f"worker-{i}"] = RayNodePod(
+                f"worker-{i}", ray_start(params["worker"], ["--address", f"{host}:{gcs}"]),
+                pod_env(roles["target-worker"][1], cache), logs, restart_after_s=0.5 + 3 * i,
+                before_start=lambda: gcs_reachable(f"{host}:{gcs}", START_S),  # KubeRay's wait-gcs-ready
+            )  # fmt: skip
+            pods[f"worker-{i}"].wait_for("Ray runtime started", START_S)
+        argv, env = roles["target-pool"]
+        argv = with_flag(argv, "--address", f"ray://{host}:{client}")
+        argv = with_flag(argv, "--target-model", tiny_dir("llama", TARGET_SEED))
         metrics_port = free_port()  # the actors take the first free ports from here on
-        argv = _flag(_flag(argv, "--metrics-host", "127.0.0.1"), "--metrics-port", str(metrics_port))
-        for attempt in range(3):  # as its Deployment would, restart a keeper that exited
-            procs["keeper"] = Proc(
-                f"keeper-{attempt}", [sys.executable, "-m", "specdec.cli.app", *argv], _env(env, cache), logs
-            )
-            try:
-                procs["keeper"].wait_for(r"target pool specdec-target")
-                break
-            except AssertionError:
-                if attempt == 2 or procs["keeper"].process.poll() is None:
-                    raise
-        argv, env = rendered["draft"]
+        argv = with_flag(with_flag(argv, "--metrics-host", "127.0.0.1"), "--metrics-port", str(metrics_port))
+        cluster = Cluster(pods, [], client, metrics_port, argv, pod_env(env, cache), logs)
+        cluster.keeper(2)
+        argv, env = roles["draft"]
         draft_port = free_port()
-        argv = _flag(_flag(argv, "--host", "127.0.0.1"), "--port", str(draft_port))
-        argv = _flag(argv, "--metrics-port", str(free_port()))
-        procs["draft"] = Proc("draft", [sys.executable, "-m", "specdec.cli.app", *argv], _env(env, cache), logs)
-        argv, env = rendered["coordinator"]
-        argv = _flag(_flag(argv, "--draft", f"127.0.0.1:{draft_port}"), "--ray-join", f"{host}:{gcs}")
-        argv = _flag(_flag(argv, "--host", "127.0.0.1"), "--grace", "1")
-        coordinators = []
+        argv = with_flag(with_flag(argv, "--host", "127.0.0.1"), "--port", str(draft_port))
+        argv = with_flag(argv, "--metrics-port", str(free_port()))
+        pods["draft"] = Pod("draft", [sys.executable, "-m", "specdec.cli.app", *argv], pod_env(env, cache), logs)
+        argv, env = roles["coordinator"]
+        argv = with_flag(with_flag(argv, "--draft", f"127.0.0.1:{draft_port}"), "--ray-join", f"{host}:{gcs}")
+        argv = with_flag(with_flag(argv, "--host", "127.0.0.1"), "--grace", "1")
         for i in range(3):
             port = free_port()
-            mine = _flag(_flag(_flag(argv, "--port", str(port)), "--http-port", "0"), "--metrics-port", "0")
-            procs[f"coordinator-{i}"] = Proc(
-                f"coordinator-{i}", [sys.executable, "-m", "specdec.cli.app", *mine], _env(env, cache), logs
-            )
-            # One at a time: nodes started at once on one host race for the same ports (a pod is
-            # a host of its own).
-            procs[f"coordinator-{i}"].wait_for("coordinator listening on")
+            mine = with_flag(with_flag(with_flag(argv, "--port", str(port)), "--http-port", "0"), "--metrics-port", "0")
+            # Restarts staggered, and first starts one at a time: Ray nodes starting at once on one
+            # host race for the same worker ports (a pod is a host of its own).
+            pods[f"coordinator-{i}"] = Pod(
+                f"coordinator-{i}", [sys.executable, "-m", "specdec.cli.app", *mine], pod_env(env, cache), logs,
+                restart_after_s=5.0 + 10 * i, niceness=BEHIND_RAY,
+            )  # fmt: skip
+            pods[f"coordinator-{i}"].wait_for("coordinator listening on", START_S)
             wait_serving(f"127.0.0.1:{port}", START_S)
-            coordinators.append(f"127.0.0.1:{port}")
-        yield procs, coordinators, client, metrics_port
+            cluster.coordinators.append(f"127.0.0.1:{port}")
+        engine = build_engine(tiny("llama", TARGET_SEED), None)
+        cluster.expected = [asyncio.run(engine.generate(request_from_proto(r))).token_ids for r in REQUESTS]
+        yield cluster
     finally:
-        for name in sorted(procs, key=lambda n: ("head" in n, "worker" in n)):  # the head goes last
-            procs[name].stop(signal.SIGKILL if name == "draft" else signal.SIGTERM)
+        for name in sorted(pods, key=lambda n: ("head" in n, "worker" in n)):  # the head goes last
+            pods[name].stop(signal.SIGKILL if name == "draft" else signal.SIGTERM)
         restore_ray_address(previous)
-
-
-def _client_server_pids(port: int) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if "ray.util.client.server" in cmdline and f"--port={port}" in cmdline:
-                pids.append(int(proc.name))
-    return pids
-
-
-@pytest.mark.long  # a Ray head, two worker nodes, the keeper, a draft server, 3 coordinators with Ray nodes
-def test_the_rendered_manifests_serve_on_loopback_without_the_head_on_the_data_plane(cluster, tiny):
-    procs, coordinators, client_port, metrics_port = cluster
-    actors = [port for port in range(metrics_port, metrics_port + 8) if _sessions(port) is not None]
-    # The keeper (a Ray Client) goes, and with it the last user of the head's client server, which
-    # is then frozen (SIGSTOP: killed, it would take the head down with it): from here on a call
-    # through the head would hang.
-    procs["keeper"].stop()
-    servers = _client_server_pids(client_port)
-    assert servers, "the head runs no Ray Client server to freeze"
-    for pid in servers:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        _serve_through_three_coordinators(coordinators, actors, tiny)
-    finally:
-        for pid in servers:
-            os.kill(pid, signal.SIGCONT)
-
-
-def _serve_through_three_coordinators(coordinators, actors, tiny) -> None:
-    engine = build_engine(tiny("llama", TARGET_SEED), None)
-    expected = [asyncio.run(engine.generate(request_from_proto(r))).token_ids for r in REQUESTS]
-    streams = [Streams(address, REQUESTS).start() for address in coordinators]
-    for s in streams:
-        s.wait_messages(1, timeout_s=120)
-    sessions = [_sessions(port) for port in actors]
-    outcomes = [s.join() for s in streams]
-    for per_coordinator in outcomes:
-        for outcome, want in zip(per_coordinator, expected):
-            assert outcome.code == grpc.StatusCode.OK, (outcome.code, outcome.details)
-            assert outcome.tokens == want
-    assert len(sessions) == 2 and sum(sessions) == 18, sessions
-    assert all(7 <= n <= 11 for n in sessions), sessions
-    print(f"\n3 coordinators x {len(REQUESTS)} streams, head client server frozen: sessions per actor {sessions}")
 
 
 def _sessions(port: int) -> float | None:
@@ -248,3 +149,140 @@ def _sessions(port: int) -> float | None:
         return scrape(f"127.0.0.1:{port}").get("specdec:target_sessions")
     except OSError:
         return None
+
+
+def _assert_expected(outcomes: list[Outcome], cluster: Cluster, label: str) -> None:
+    for i, (outcome, want) in enumerate(zip(outcomes, cluster.expected)):
+        assert outcome.code == grpc.StatusCode.OK, (label, i, outcome.code, outcome.details)
+        assert outcome.tokens == want, (label, i, len(outcome.tokens), len(want))
+
+
+def _streams(cluster: Cluster) -> list[Streams]:
+    return [Streams(address, REQUESTS).start() for address in cluster.coordinators]
+
+
+@pytest.mark.long  # a Ray head, two worker nodes, the keeper, a draft server, 3 coordinators with Ray nodes
+def test_the_rendered_manifests_serve_on_loopback_without_the_head_on_the_data_plane(cluster):
+    actors = cluster.actors()
+    # The keeper (a Ray Client) goes, and with it the last user of the head's client server, which
+    # is then frozen (SIGSTOP: killed, it would take the head down with it): from here on a call
+    # through the head would hang.
+    cluster.pods.pop("keeper").stop()
+    servers = client_server_pids(cluster.client_port)
+    assert servers, "the head runs no Ray Client server to freeze"
+    for pid in servers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        streams = _streams(cluster)
+        for s in streams:
+            s.wait_messages(1, timeout_s=120)
+        sessions = [_sessions(port) for port in actors]
+        for i, s in enumerate(streams):
+            _assert_expected(s.join(), cluster, f"coordinator {i}")
+    finally:
+        for pid in servers:
+            os.kill(pid, signal.SIGCONT)
+        cluster.keeper(2)
+    assert len(sessions) == 2 and sum(sessions) == 18, sessions
+    assert all(7 <= n <= 11 for n in sessions), sessions
+    print(f"\n3 coordinators x {len(REQUESTS)} streams, head client server frozen: sessions per actor {sessions}")
+
+
+@pytest.mark.long
+def test_an_actor_killed_mid_stream_fails_no_request(cluster):
+    actors = cluster.actors()
+    assert len(actors) == 2, actors
+    streams = _streams(cluster)
+    for s in streams:
+        s.wait_messages(2, timeout_s=120)
+    victim = listener_pid(actors[0])
+    assert victim is not None, f"no process listens on the actor's metrics port {actors[0]}"
+    os.kill(victim, signal.SIGKILL)
+    for i, s in enumerate(streams):
+        _assert_expected(s.join(), cluster, f"coordinator {i}")
+    took = until(lambda: len(cluster.actors()) == 2, START_S, "two actors again after the kill")
+    print(f"\nactor killed mid-stream: 18 streams complete, two actors again {took:.0f} s after the streams")
+
+
+class Load:
+    """Every coordinator serving the six requests again and again until `stop`: every outcome kept."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster, self.outcomes = cluster, []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(a,), daemon=True) for a in cluster.coordinators]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, address: str) -> None:
+        while not self._stop.is_set():
+            self.outcomes.append(Streams(address, REQUESTS).start().join())
+
+    def stop(self) -> list[list[Outcome]]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(300)
+        return self.outcomes
+
+
+@pytest.mark.long
+def test_resizing_the_pool_1_2_1_under_load_fails_no_request(cluster):
+    load = Load(cluster)
+    sizes = []
+    try:
+        for replicas in (1, 2, 1):
+            cluster.keeper(replicas)
+            until(lambda: len(cluster.actors()) == replicas, START_S, f"{replicas} actors")  # noqa: B023
+            sizes.append(len(cluster.actors()))
+            time.sleep(3)  # streams run on the resized pool for a while
+    finally:
+        waves = load.stop()
+        cluster.keeper(2)
+    assert sizes == [1, 2, 1]
+    assert len(waves) >= 3, f"only {len(waves)} waves of streams ran across the resizes"
+    for i, wave in enumerate(waves):
+        _assert_expected(wave, cluster, f"wave {i}")
+    print(f"\npool 2 -> 1 -> 2 -> 1 under load: {len(waves)} waves of 6 streams, all complete and equal")
+
+
+@pytest.mark.long  # last: the cluster it leaves is a new one
+def test_after_a_head_restart_new_calls_succeed_within_a_minute(cluster):
+    until(lambda: len(cluster.actors()) == 2, START_S, "two actors before the head goes")
+    head = cluster.pods["head"]
+    streams = [Streams(address, REQUESTS[:2]).start() for address in cluster.coordinators]
+    for s in streams:
+        s.wait_messages(2, timeout_s=120)
+    runs = {name: pod.runs for name, pod in cluster.pods.items()}
+    head.kill()  # restarted by its supervisor 3 s later, as a new cluster (no GCS fault tolerance)
+    until(lambda: head.runs == 2, 30, "the head restarted")
+    head.wait_for("Ray runtime started", START_S)
+    restarted = time.monotonic()
+    in_flight = [o for s in streams for o in s.join()]
+    # Calls in flight: each completes with the unfaulted output, or ends UNAVAILABLE.
+    for i, outcome in enumerate(in_flight):
+        assert outcome.code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE), (i, outcome.code, outcome.details)
+        if outcome.code == grpc.StatusCode.OK:
+            assert outcome.tokens == cluster.expected[i % 2], i
+    # New calls, one every second through the coordinators in turn (as a Service spreads them),
+    # until one succeeds on a coordinator that joined the new cluster (restarted since the kill).
+    probes: list[tuple[float, int, Outcome]] = []
+    recovered = None
+    while recovered is None and time.monotonic() - restarted < 3 * RECOVERY_S:
+        for i, address in enumerate(cluster.coordinators):
+            rejoined = cluster.pods[f"coordinator-{i}"].runs > runs[f"coordinator-{i}"]
+            (outcome,) = Streams(address, REQUESTS[:1], timeout_s=60).start().join()
+            probes.append((time.monotonic() - restarted, i, outcome))
+            assert outcome.code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE), (outcome.code, outcome.details)
+            if outcome.code == grpc.StatusCode.OK:
+                assert outcome.tokens == cluster.expected[0]
+                if rejoined:
+                    recovered = probes[-1][0]
+                    break
+            time.sleep(1)
+    codes = [(round(t), i, o.code.name) for t, i, o in probes]
+    completed = sum(o.code == grpc.StatusCode.OK for o in in_flight)
+    print(
+        f"\nhead restarted: {completed}/{len(in_flight)} in flight completed; "
+        f"probes (s after restart, coordinator, code): {codes}"
+    )
+    assert recovered is not None and recovered <= RECOVERY_S, codes

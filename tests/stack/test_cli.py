@@ -105,7 +105,10 @@ def test_coordinator_flags_and_environment_map_onto_the_config():
     )
     assert config.server.max_inflight == 3 and config.server.port == 0  # the flag wins over the environment
     assert config.draft == "127.0.0.1:50052" and config.ray_address == "auto" and config.target_model is None
-    assert config.ray_join is None
+    assert config.ray_join is None and config.pool_wait_s == 0
+    assert parse_config(["--draft", "x:1", "--pool-wait", "30"], {}).pool_wait_s == 30
+    with pytest.raises(SystemExit):
+        parse_config(["--draft", "x:1", "--pool-wait", "-1"], {})
     assert (
         parse_config([], {"SPECDEC_COORDINATOR_DRAFT": "x:1", "SPECDEC_COORDINATOR_RAY_JOIN": "h:6379"}).ray_join
         == "h:6379"

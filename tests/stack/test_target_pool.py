@@ -290,6 +290,38 @@ def test_a_pool_without_actors_is_unreachable_and_its_rounds_unavailable_until_a
     assert len(asyncio.run(remote.generate(request)).token_ids) == 4
 
 
+def test_while_the_head_cannot_be_asked_the_pool_serves_with_the_handles_it_holds(tiny, pool_factory):
+    """The head down: a lookup of the actors by name blocks (Ray retries it), but calls to the
+    actors do not cross the head. Lookups run off the event loop, bounded, and a failed one keeps
+    the handles: rounds go on with the same output and health stays SERVING."""
+    pool = pool_factory()
+    pool.config = replace(pool.config, refresh_s=0.0, lookup_timeout_s=0.2)
+    remote, local = _engines(tiny, pool, "ngram")
+    head_back = threading.Event()
+    lookups = []
+
+    def blocked_lookup():
+        lookups.append(time.monotonic())
+        head_back.wait(30)
+
+    pool.refresh = blocked_lookup
+    request = GenerationRequest(prompt_token_ids=PROMPTS[0], max_new_tokens=8, max_draft_tokens=2)
+
+    async def head_down():
+        try:
+            started = time.monotonic()
+            serving = await pool.reachable()
+            got = await remote.generate(request)
+            return serving, got, time.monotonic() - started
+        finally:
+            head_back.set()  # the blocked lookups end before this loop closes (it waits for them)
+
+    serving, got, took = asyncio.run(head_down())
+    assert serving and lookups and len(pool.actors) == 1
+    assert took < 10, took  # bounded lookups, not Ray's retries
+    assert got.token_ids == asyncio.run(local.generate(request)).token_ids
+
+
 def test_resizing_under_load_drains_the_removed_actor_and_loses_no_round(tiny, tiny_dir, pool_factory):
     """2 -> 1 actors while four requests generate: the removed actor stops taking rounds, its
     sessions move (with their context) to the other, it goes once its queued rounds are done; every
