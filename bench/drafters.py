@@ -9,6 +9,8 @@ to a server; for each request every arm runs once, in a fresh seeded order. Arms
   ngram         prompt lookup (the n-gram drafter)
   suffix        suffix decoding over the request and earlier completions (no model)
   SPEC          any other drafter spec, e.g. hybrid:distilled or suffix:distilled (--arm)
+  SPEC+tree     that drafter with the coordinator's token trees on (--token-tree): suffix
+                drafting answers trees of up to k nodes, verified in one pass
 
 Each arm has its own draft server, and a drafter that learns from completions (suffix, suffix:*)
 gets a fresh one for every set and pass, so its cache holds only what that arm served earlier in
@@ -30,6 +32,7 @@ import platform
 import random
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -46,6 +49,14 @@ from specdec.drafts.loading import load_tokenizer
 from specdec.local.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
 
 POOL = "specdec-bench-drafters"
+TREE = "+tree"  # an arm suffix: the coordinator asks for token trees
+
+
+def _drafter(arm: str) -> str:
+    """The draft server's spec of an arm."""
+    return arm.removesuffix(TREE)
+
+
 BASELINE = "target_only"
 DEFAULT_ARMS = ("ngram", "suffix", "hybrid:distilled", "suffix:distilled")
 
@@ -80,7 +91,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def _draft_servers(specs: list[str], warm_up: list[int]) -> tuple[dict, dict[str, DraftClient]]:
     """A fresh draft server per spec, each warmed up by one Propose (a first model step pays for
     allocations) whose session ends with no completion: a suffix cache starts empty."""
-    servers = {spec: await spawn_draft_server(spec) for spec in specs}
+    servers = {spec: await spawn_draft_server(_drafter(spec)) for spec in specs}
     clients = {spec: DraftClient((await draft_server_ready(server))[0]) for spec, server in servers.items()}
     for client in clients.values():
         await client.propose("warm-up", warm_up, 8, SamplingParams())
@@ -117,7 +128,7 @@ async def measure(args: argparse.Namespace) -> dict:
         server=ServerConfig(port=0),
         engine=config,
     )
-    learners = [spec for spec in args.arm if uses_suffix(spec)]
+    learners = [spec for spec in args.arm if uses_suffix(_drafter(spec))]
     fixed = [spec for spec in args.arm if spec != "ngram" and spec not in learners]
     order = random.Random(0)
     first = True
@@ -133,7 +144,7 @@ async def measure(args: argparse.Namespace) -> dict:
                         servers, clients = await _draft_servers(learners, warm_up)  # empty caches for every set
                         try:
                             drafts = fixed_clients | clients
-                            arms = {spec: (config, None) for spec in args.arm}
+                            arms = {spec: (replace(config, token_tree=spec.endswith(TREE)), None) for spec in args.arm}
                             async with coordinators(stack, args.target_model, arms, drafts) as stubs:
                                 methods = {BASELINE: stack_method(stubs["ngram"], False, args.k)}
                                 methods |= {spec: stack_method(stubs[spec], True, args.k) for spec in args.arm}

@@ -104,14 +104,16 @@ class DraftClient:
         sampling: SamplingParams,
         model_k: int | None = None,
         affinity: str = "",
+        tree: bool = False,
     ) -> DraftProposal:
         """`affinity`: the request's cache-affinity key; the replica is chosen by it instead of the
-        session id, so every request with the key drafts on one replica."""
+        session id, so every request with the key drafts on one replica. `tree`: the answer may
+        be a token tree of up to k nodes."""
         tokens = list(tokens)
         key = affinity or session_id
         address = await self._replica(key)
         try:
-            return await self._propose_on(address, session_id, tokens, k, sampling, model_k)
+            return await self._propose_on(address, session_id, tokens, k, sampling, model_k, tree)
         except grpc.aio.AioRpcError as e:
             if e.code() not in _REPLICA_DOWN or len(self._addresses) < 2:
                 raise
@@ -122,7 +124,7 @@ class DraftClient:
             fallback = await self._replica(key)
             if fallback == address:
                 raise
-            return await self._propose_on(fallback, session_id, tokens, k, sampling, model_k)
+            return await self._propose_on(fallback, session_id, tokens, k, sampling, model_k, tree)
 
     async def _propose_on(
         self,
@@ -132,6 +134,7 @@ class DraftClient:
         k: int,
         sampling: SamplingParams,
         model_k: int | None,
+        tree: bool = False,
     ) -> DraftProposal:
         sent = self._sessions.get(session_id)
         committed = common_prefix(sent.tokens, tokens) if sent is not None and sent.address == address else 0
@@ -140,7 +143,7 @@ class DraftClient:
             # reach it even when this first call is cancelled before it answers.
             self._sessions[session_id] = _Sent(address, [])
         try:
-            response = await self._propose(address, session_id, tokens, committed, k, sampling, model_k)
+            response = await self._propose(address, session_id, tokens, committed, k, sampling, model_k, tree)
         except grpc.aio.AioRpcError as e:
             if (
                 committed == 0
@@ -149,13 +152,16 @@ class DraftClient:
             ):
                 raise
             self.misses += 1
-            response = await self._propose(address, session_id, tokens, 0, k, sampling, model_k)
+            response = await self._propose(address, session_id, tokens, 0, k, sampling, model_k, tree)
         self._sessions[session_id] = _Sent(address, tokens[: response.cached_len])
         token_ids = list(response.token_ids)
         q = None
         if response.HasField("draft_probs"):
             q = unpack_probs(response.draft_probs, num_tokens=len(token_ids))  # (k, draft vocab)
-        return DraftProposal(token_ids, q, draft_source.from_proto(response.source))
+        parents = list(response.parent_indices) or None
+        if parents is not None and (q is not None or len(parents) != len(token_ids)):
+            raise ValueError(f"a draft tree of {len(parents)} parents for {len(token_ids)} tokens, q {q is not None}")
+        return DraftProposal(token_ids, q, draft_source.from_proto(response.source), parents)
 
     async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
         """Best effort: a replica we cannot reach drops the session by TTL or LRU anyway, and a
@@ -196,6 +202,7 @@ class DraftClient:
         k: int,
         sampling: SamplingParams,
         model_k: int | None,
+        tree: bool = False,
     ) -> draft_pb2.ProposeResponse:
         request = draft_pb2.ProposeRequest(
             session_id=session_id,
@@ -205,6 +212,7 @@ class DraftClient:
             sampling=_sampling_to_proto(sampling),
             probs_encoding=self.config.probs_encoding,
             model_draft_tokens=None if model_k is None else model_draft_limit(k, model_k),
+            tree=tree,
         )
         return await self._channels[address][1].Propose(request, timeout=self.config.timeout_s, metadata=self._metadata)
 

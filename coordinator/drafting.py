@@ -48,6 +48,7 @@ class DraftSide:
         retry_s: float,
         clock: Callable[[], float] = time.monotonic,
         affinity: str = "",
+        tree: bool = False,
     ):
         self.proposer = proposer
         self.session_id = session_id
@@ -57,6 +58,7 @@ class DraftSide:
         self.retry_s = retry_s
         self.clock = clock  # seconds, for the retry delay
         self.affinity = affinity  # the request's cache-affinity key ("": none)
+        self.tree = tree  # ask for token trees of up to k nodes
         self.failures = 0  # proposer errors and timeouts
         self.pipelined_hits = 0  # rounds whose drafts were ready when verification ended
         self._retry_at = 0.0
@@ -91,7 +93,7 @@ class DraftSide:
         model_k_next: int | None = None,
     ) -> None:
         """Start the next round's proposal as if every draft and the guessed bonus are accepted."""
-        if not self.pipeline or guess is None or k_next <= 0:
+        if not self.pipeline or guess is None or k_next <= 0 or proposal.parents is not None:
             return
         context = list(tokens) + list(proposal.token_ids) + [guess]
         self._next = (
@@ -111,13 +113,15 @@ class DraftSide:
         `_first` splits it into this round's drafts and the guess."""
         if self.clock() < self._retry_at:
             return Drafts(DraftProposal([]), None, fallback=True)
-        extra = 1 if self.pipeline else 0
+        extra = 1 if self.pipeline and not self.tree else 0  # a tree has no one next token to guess
         # Only a real cap travels: a proposer written without model_k keeps working.
         # A model capped at 0 stays at 0: asked for the guess alone it would run (and catch up on
         # every token since its last round) in each pipelined call, beside the target's pass.
         cap = {} if model_k is None or model_k >= k else {"model_k": model_k + extra if model_k else 0}
         if self.affinity:
             cap["affinity"] = self.affinity  # likewise: only a proposer that places replicas takes it
+        if self.tree:
+            cap["tree"] = True  # likewise: only a proposer that drafts trees takes it
         try:
             proposal = await asyncio.wait_for(
                 self.proposer.propose(self.session_id, tokens, k + extra, self.sampling, **cap), self.timeout_s
@@ -139,6 +143,9 @@ def _first(drafts: Drafts, k: int, model_k: int | None = None) -> Drafts:
     ids, q = proposal.token_ids, proposal.draft_probs
     if len(ids) <= k:
         return drafts
+    if proposal.parents is not None:  # the first k nodes: parents come first, so still a tree
+        kept = DraftProposal(list(ids[:k]), None, proposal.source, list(proposal.parents[:k]))
+        return Drafts(kept, None, drafts.fallback)
     return Drafts(
         DraftProposal(list(ids[:k]), q[:k] if q is not None else None, proposal.source), ids[k], drafts.fallback
     )

@@ -30,6 +30,7 @@ from specdec.coordinator.text import OutputText
 from specdec.core.acceptance import DraftProposal, Verification
 from specdec.core.errors import InvalidArgument
 from specdec.core.sampling import SamplingParams
+from specdec.core.tree import is_chain
 
 # A prompt longer than this (characters) is tokenized off the event loop that serves every other
 # request: 1 MiB takes about a second on 2 cores, and the Rust tokenizer releases the GIL (measured).
@@ -46,7 +47,9 @@ class Proposer(Protocol):
     ) -> DraftProposal:
         """At most k draft tokens to follow `tokens` (the whole committed sequence), drawn under
         `sampling`; a draft model among the proposer's drafters proposes at most `model_k` of
-        them (None: k; 0: lookups only). The proposal names its source (`DraftSource`)."""
+        them (None: k; 0: lookups only). The proposal names its source (`DraftSource`). A
+        proposer that drafts token trees also takes `tree=True` (the engine passes it only with
+        `token_tree` on) and may then answer a tree of up to k nodes."""
 
     async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
         """Free what the proposer holds for the session; unknown ids are fine. `completion` is the
@@ -77,6 +80,10 @@ class EngineConfig:
     default_draft_tokens: int = 4  # k for requests that leave speculation.max_draft_tokens at 0
     max_draft_tokens: int = 16  # the largest k a request may ask for
     pipeline: bool = True  # request round r+1's drafts while round r is verified
+    # Ask the draft tier for token trees of up to k nodes (suffix drafting answers them; other
+    # drafters answer chains). Tree rounds are not pipelined: "every draft accepted" has no one
+    # meaning in a tree.
+    token_tree: bool = False
     draft_timeout_s: float = 2.0  # a proposal later than this is dropped: that round runs with k = 0
     draft_retry_s: float = 1.0  # after a draft failure, rounds run with k = 0 this long
     adaptive: bool = True  # each round's k from the request's acceptance and the measured costs (adaptive.py)
@@ -245,6 +252,7 @@ class SpeculativeEngine:
                 span, proposed=len(proposal.token_ids), accepted=result.num_accepted, committed=len(kept),
                 fallback=fallback, pipelined=g.drafts.pipelined_hits > hits, draft_s=t1 - t0, verify_s=t2 - t1,
                 source=proposal.source if proposal.token_ids else "",
+                tree=proposal.parents is not None and not is_chain(proposal.parents),
             )  # fmt: skip
         g.policy.observe(planned, proposal, fallback, result.num_accepted, draft_s=t1 - t0, verify_s=t2 - t1)
         g.stats.record(len(proposal.token_ids), result.num_accepted)
@@ -377,7 +385,7 @@ class _Generation:
         self.drafts = DraftSide(
             engine.proposer, self.session_id, request.sampling, pipeline=cfg.pipeline,
             timeout_s=cfg.draft_timeout_s, retry_s=cfg.draft_retry_s, clock=engine.clock,
-            affinity=request.cache_affinity_key,
+            affinity=request.cache_affinity_key, tree=cfg.token_tree,
         )  # fmt: skip
 
     @property

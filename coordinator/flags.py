@@ -46,6 +46,13 @@ def add_engine_flags(flag: AddFlag) -> None:
         metavar=ON_OFF,
     )
     flag(
+        "token-tree",
+        "on" if engine.token_tree else "off",
+        flag_types.on_off,
+        "'on': ask the draft tier for token trees of up to k nodes, verified in one pass (suffix drafting)",
+        metavar=ON_OFF,
+    )
+    flag(
         "adaptive",
         "on" if engine.adaptive else "off",
         flag_types.on_off,
@@ -129,6 +136,7 @@ def engine_config(args: argparse.Namespace, error: Callable[[str], NoReturn]) ->
         default_draft_tokens=args.default_draft_tokens,
         max_draft_tokens=args.max_draft_tokens,
         pipeline=args.pipeline,
+        token_tree=args.token_tree,
         adaptive=args.adaptive,
         speculation_max_running=args.speculation_max_running,
         speculation_token_budget=args.speculation_token_budget,

@@ -19,6 +19,9 @@ ROUNDS = Counter("specdec:rounds", "Verification rounds (target passes asked for
 FALLBACK_ROUNDS = Counter(
     "specdec:fallback_rounds", "Rounds run with k = 0 because the draft tier failed, was too slow, or is being retried"
 )
+TREE_ROUNDS = Counter(
+    "specdec:tree_rounds", "Rounds whose drafts were a branching token tree (k counts its nodes, accepted its path)"
+)
 K_CHOICES = Counter(
     "specdec:draft_length_choices",
     "Rounds by how their k was chosen: fixed, adaptive, probe, or load (drafts shrunk or off: the target tier is busy)",

@@ -31,13 +31,17 @@ def end_round(
     draft_s: float,
     verify_s: float,
     source: str = "",
+    tree: bool = False,
 ) -> None:
+    """`tree`: the drafts were a branching token tree; `proposed` counts its nodes and `accepted`
+    the accepted path."""
     bonus = proposed > 0 and accepted == proposed  # every draft accepted: the target's token is a free extra
     span.set_attributes(
         {
             "specdec.round.k": proposed,
             "specdec.round.draft_source": source,  # which drafter answered (DraftSource); "" without drafts
             "specdec.round.accepted": accepted,
+            "specdec.round.tree": tree,
             "specdec.round.bonus": bonus,
             "specdec.round.fallback": fallback,
             "specdec.round.pipelined": pipelined,
@@ -48,6 +52,7 @@ def end_round(
     )
     metrics.ROUNDS.inc()
     metrics.FALLBACK_ROUNDS.inc(fallback)
+    metrics.TREE_ROUNDS.inc(tree)
     metrics.DRAFT_LATENCY.observe(draft_s)
     metrics.VERIFY_LATENCY.observe(verify_s)
     metrics.ROUND_LATENCY.observe(draft_s + verify_s)

@@ -104,6 +104,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             span = trace.get_current_span()  # the Propose server span (OpenTelemetry's gRPC instrumentation)
             span.set_attribute("specdec.draft.source", result.proposal.source)
             span.set_attribute("specdec.draft.tokens", len(result.proposal.token_ids))
+            span.set_attribute("specdec.draft.tree", result.proposal.parents is not None)
             if result.suffix:
                 span.set_attribute("specdec.suffix.found_in", result.suffix)
             response = await _response_to_proto(result, request.probs_encoding)
@@ -146,6 +147,7 @@ def _call_from_proto(request: draft_pb2.ProposeRequest, timeout_s: float | None)
         sampling,
         timeout_s,
         model_k,
+        request.tree,
     )
 
 
@@ -154,6 +156,7 @@ async def _response_to_proto(result: ProposeResult, encoding: int) -> draft_pb2.
         token_ids=result.proposal.token_ids,
         cached_len=result.cached_len,
         source=draft_source.to_proto(result.proposal.source),
+        parent_indices=result.proposal.parents or [],
     )
     q = result.proposal.draft_probs  # (k, vocab), only when sampling with the model drafter
     if q is not None:

@@ -83,6 +83,7 @@ class ProposeCall:
     sampling: SamplingParams
     timeout_s: float | None = None  # seconds left for the call; None: no deadline
     model_k: int | None = None  # most tokens the draft model may propose (model_draft_tokens); None: k
+    tree: bool = False  # the answer may be a token tree of up to k nodes (suffix drafting only)
 
 
 @dataclass
@@ -194,7 +195,10 @@ class DraftCore:
             sampling = replace(sampling, seed=secrets.randbits(63))  # unset on the wire: nondeterministic
         self._remember(call.session_id, context)
         lookups = None if self.suffix is None else self.suffix.stats.lookups
-        if self.model is None and self.suffix is not None:
+        if self.model is None and self.suffix is not None and call.tree:
+            tokens, parents = self.suffix.propose_tree(context, call.k)
+            proposal = DraftProposal(tokens, source="suffix", parents=parents)  # point masses: no q
+        elif self.model is None and self.suffix is not None:
             proposal = DraftProposal(self.suffix.propose(context, call.k), source="suffix")  # point masses: no q
         elif self.model is None:
             proposal = DraftProposal(self.ngram.propose(context, call.k), source="ngram")  # point masses: no q

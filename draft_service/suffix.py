@@ -23,6 +23,7 @@ nothing the cache holds can change an output, only how fast it comes.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -137,19 +138,29 @@ class SuffixDrafter:
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Up to k tokens: the better of the request's own and the cache's suffix drafts."""
+        return self._best(tokens, k, self._draft) or []
+
+    def propose_tree(self, tokens: Sequence[int], nodes: int) -> tuple[list[int], list[int]]:
+        """A token tree of up to `nodes` nodes (tokens, parent indices; `specdec.core.tree`): the
+        matches' continuations expanded best first by path frequency, so where they disagree
+        several branches are drafted at once (the paper's speculation tree)."""
+        return self._best(tokens, nodes, self._draft_tree) or ([], [])
+
+    def _best(self, tokens: Sequence[int], k: int, draft):
+        """`draft`'s answer for the better of the request's own and the cache's matches."""
         self.stats.lookups += 1
         self.last = "none"
         if k <= 0 or not tokens:
-            return []
+            return None
         context = np.asarray(tokens, dtype=np.int64)
         reversed_suffix = context[::-1][: self.config.max_match]
         own_match, own_following = self._in_context(context, reversed_suffix)
         cache_match, cache_following = self._in_cache(context, reversed_suffix)
-        own = (*self._draft(own_match, own_following, k), own_match)
-        cached = (*self._draft(cache_match, cache_following, k), cache_match)
-        best = max(own, cached, key=lambda draft: draft[1:])  # expected length, then match length
-        if not best[0]:
-            return []
+        own = (*draft(own_match, own_following, k), own_match)
+        cached = (*draft(cache_match, cache_following, k), cache_match)
+        best = max(own, cached, key=lambda d: d[1:])  # expected length, then match length
+        if best[1] <= 0:  # every drafted token adds a positive score: nothing drafted
+            return None
         if best is own:
             self.stats.from_context += 1
             self.last = "context"
@@ -240,6 +251,43 @@ class SuffixDrafter:
             expected += path
             rows = rows[rows[:, step] == token]
         return draft, expected
+
+    def _draft_tree(self, match: int, following: np.ndarray, nodes: int) -> tuple[tuple[list[int], list[int]], float]:
+        """Expand the continuations of `following` best first: each node's children are the
+        tokens that followed its path, scored by path frequency; the `nodes` best-scored nodes
+        above min_token_prob, at most the match-length depth, form the tree ((tokens, parents),
+        expected accepted length = the sum of their scores). A child scores at most its parent,
+        so parents are taken first."""
+        if match == 0 or following.size == 0:
+            return ([], []), 0.0
+        c = self.config
+        depth_limit = min(int(c.max_spec_factor * match + c.max_spec_offset), following.shape[1])
+        tokens: list[int] = []
+        parents: list[int] = []
+        expected = 0.0
+        frontier: list[tuple[float, int, int, int, np.ndarray, int]] = []  # (-score, order, token, parent, rows, depth)
+        order = 0
+
+        def expand(rows: np.ndarray, depth: int, score: float, parent: int) -> None:
+            nonlocal order
+            if depth >= depth_limit:
+                return
+            column = rows[:, depth]
+            values, counts = np.unique(column[column >= 0], return_counts=True)
+            for token, count in zip(values.tolist(), counts.tolist()):
+                child = score * count / len(rows)
+                if child >= c.min_token_prob:
+                    heapq.heappush(frontier, (-child, order, token, parent, rows[column == token], depth + 1))
+                    order += 1
+
+        expand(following, 0, 1.0, -1)
+        while frontier and len(tokens) < nodes:
+            negative, _, token, parent, rows, depth = heapq.heappop(frontier)
+            tokens.append(token)
+            parents.append(parent)
+            expected -= negative
+            expand(rows, depth, -negative, len(tokens) - 1)
+        return (tokens, parents), expected
 
 
 def _slice(context: np.ndarray, ends: np.ndarray, width: int) -> np.ndarray:

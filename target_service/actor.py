@@ -319,7 +319,7 @@ def _set(future: asyncio.Future, reply: VerifyReply | None, error: Exception | N
 
 
 def _proposal(request: VerifyRequest) -> DraftProposal:
-    return DraftProposal(list(request.draft_ids), request.draft_probs)
+    return DraftProposal(list(request.draft_ids), request.draft_probs, parents=request.draft_parents)
 
 
 def _end_node() -> None:

@@ -161,6 +161,7 @@ class TargetPool:
                 proposal.draft_probs,
                 sampling,
                 carrier,
+                proposal.parents,
             )
             ref = self.actors[placement.actor].verify.remote(request)
             answer = asyncio.ensure_future(_future(ref))

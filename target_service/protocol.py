@@ -25,6 +25,7 @@ class VerifyRequest:
     draft_probs: torch.Tensor | None  # (k, vocab) q, only for sampled model drafts
     sampling: SamplingParams
     trace_carrier: dict[str, str] = field(default_factory=dict)  # W3C traceparent of the round
+    draft_parents: list[int] | None = None  # a token tree's parent indices (specdec.core.tree); None: a chain
 
 
 @dataclass

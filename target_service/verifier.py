@@ -23,13 +23,16 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.core import tree
 from specdec.core.acceptance import (
     DraftProposal,
     Verification,
     greedy_decisions,
     resolve_greedy,
     resolve_sampled,
+    resolve_tree,
     sampled_decisions,
+    tree_decisions,
 )
 from specdec.core.sampling import SamplingParams, warp
 from specdec.core.session_store import SessionStore
@@ -123,7 +126,8 @@ class TargetVerifier:
                         continue
                     session, new, final = row
                     in_pass.add(item.session_id)
-                    rows.append(Row(session.table, new, len(item.proposal.token_ids) + 1 if final else 0))
+                    parents = _tree_of(item.proposal) if final else None
+                    rows.append(Row(session.table, new, len(item.proposal.token_ids) + 1 if final else 0, parents))
                     if final:
                         finals.append((i, session))
                     budget -= len(new)
@@ -165,6 +169,13 @@ class TargetVerifier:
         q = item.proposal.draft_probs
         if q is not None and (q.dim() != 2 or q.shape[0] != len(drafts) or q.shape[1] > self.loaded.vocab_size):
             raise ItemRejected(f"draft_probs of shape {tuple(q.shape)} for {len(drafts)} drafts")
+        if item.proposal.parents is not None:
+            try:
+                tree.check(item.proposal.parents, len(drafts))
+            except ValueError as error:
+                raise ItemRejected(str(error)) from None
+            if q is not None and not tree.is_chain(item.proposal.parents):
+                raise ItemRejected("model drafts (with draft_probs) verify as chains, not trees")
         if not self.sessions.has_room(item.session_id):
             return None  # every session held is in this pass: a new one waits for the next
         session = self._resume(item.session_id, context)
@@ -210,7 +221,10 @@ class TargetVerifier:
             rows = logits[start : start + k + 1]
             start += k + 1
             if item.sampling.greedy:
-                decisions.append(greedy_decisions(rows))
+                decisions.append(greedy_decisions(rows))  # a tree's walk takes the argmax at each node too
+            elif _tree_of(item.proposal) is not None:
+                probs = warp(rows, item.sampling)
+                decisions.append(tree_decisions(probs, item.proposal, item.sampling.seed, len(item.tokens)))
             else:
                 probs = warp(rows, item.sampling)  # (k+1, vocab)
                 proposal = DraftProposal(
@@ -222,15 +236,26 @@ class TargetVerifier:
         for (i, session), decided in zip(finals, decisions):
             item = items[i]
             mine, start = values[start : start + len(decided)], start + len(decided)
-            result = (
-                resolve_greedy(mine, list(item.proposal.token_ids))
-                if item.sampling.greedy
-                else resolve_sampled(mine, item.proposal)
-            )
-            rejected = len(item.proposal.token_ids) - result.num_accepted
-            self.pool.cut(session, session.table.length - rejected)
+            if _tree_of(item.proposal) is not None:
+                result = resolve_tree(mine, item.proposal)
+                # Only the accepted path's keys and values stay, moved to consecutive positions.
+                self.pool.keep_path(session, session.table.length - len(item.proposal.token_ids), result.path)
+            else:
+                result = (
+                    resolve_greedy(mine, list(item.proposal.token_ids))
+                    if item.sampling.greedy
+                    else resolve_sampled(mine, item.proposal)
+                )
+                rejected = len(item.proposal.token_ids) - result.num_accepted
+                self.pool.cut(session, session.table.length - rejected)
             self.sessions.resize(item.session_id)  # count its size now; evict others to fit
             results[i] = result
+
+
+def _tree_of(proposal: DraftProposal) -> list[int] | None:
+    """The proposal's parents when it is a tree that is not a chain (a chain verifies as one)."""
+    parents = proposal.parents
+    return None if parents is None or tree.is_chain(parents) else list(parents)
 
 
 def _to_host(decisions: torch.Tensor) -> list[int]:

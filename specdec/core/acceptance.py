@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.core import rng
+from specdec.core import rng, tree
 from specdec.core.rng import Stream
 
 
@@ -34,6 +34,9 @@ class DraftProposal:
     # Which drafter answered: "ngram" (prompt lookup), "model", "ngram_short" (a hybrid's match
     # shorter than its min_match), "" unknown. The engine prices lookups and model drafts apart.
     source: str = ""
+    # A token tree (`specdec.core.tree`): parents[i] is the index of token i's parent, -1 for the
+    # root; None: a chain. Point-mass drafts only.
+    parents: list[int] | None = None
 
 
 @dataclass
@@ -41,6 +44,7 @@ class Verification:
     accepted_ids: list[int]  # num_accepted draft tokens, then the target's own token (1..k+1 in all)
     num_accepted: int  # draft tokens accepted, 0..k
     bonus_token: int  # the target's own last token: the correction at a rejection, or the bonus
+    path: list[int] | None = None  # for a tree: the accepted nodes' indices, root to leaf
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_ids: list[int]) -> Verification:
@@ -123,3 +127,17 @@ def resolve_sampled(values: list[int], proposal: DraftProposal) -> Verification:
         if not accept[i]:
             return Verification(draft_ids[:i] + [corrections[i]], i, corrections[i])
     return Verification(draft_ids + [bonus], k, bonus)
+
+
+def tree_decisions(target_probs: torch.Tensor, proposal: DraftProposal, seed: int, first_position: int) -> torch.Tensor:
+    """(n+1,) the target's keyed draw at the root and at each node of a point-mass tree, from
+    the warped probabilities there, keyed by the node's sequence position (root:
+    first_position; node i: first_position + depth(i)), as target-only sampling keys it. Greedy
+    trees take `greedy_decisions` (the argmax at each node)."""
+    positions = [first_position] + [first_position + d for d in tree.depths(proposal.parents)]
+    return rng.draw(target_probs, [rng.key(seed, position, Stream.TARGET) for position in positions])
+
+
+def resolve_tree(target_ids: list[int], proposal: DraftProposal) -> Verification:
+    path, bonus = tree.walk(target_ids, proposal.token_ids, proposal.parents)
+    return Verification([proposal.token_ids[i] for i in path] + [bonus], len(path), bonus, path)

@@ -43,7 +43,13 @@ class LocalModelProposer(_Serialized):
         self.drafter = drafter
 
     async def propose(
-        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
+        self,
+        session_id: str,
+        tokens: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        model_k: int | None = None,
+        tree: bool = False,  # a model (or a hybrid) drafts chains
     ) -> DraftProposal:
         if isinstance(self.drafter, HybridDrafter):
             return await self._call(self.drafter.propose, session_id, tokens, k, sampling, model_k)
@@ -69,8 +75,17 @@ class LocalNgramProposer:
         self.source = "suffix" if isinstance(self.drafter, SuffixDrafter) else "ngram"
 
     async def propose(
-        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
+        self,
+        session_id: str,
+        tokens: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        model_k: int | None = None,
+        tree: bool = False,
     ) -> DraftProposal:
+        if tree and isinstance(self.drafter, SuffixDrafter):
+            ids, parents = self.drafter.propose_tree(tokens, k)
+            return DraftProposal(ids, source=self.source, parents=parents)
         return DraftProposal(self.drafter.propose(tokens, k), source=self.source)
 
     async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:

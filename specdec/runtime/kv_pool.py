@@ -162,6 +162,19 @@ class KVBlockPool:
         self.truncate(session.table, length)
         del session.tokens[length:]
 
+    def keep_path(self, session: PagedSession, first: int, path: Sequence[int]) -> None:
+        """Of the positions from `first` on (a token tree's nodes), keep those at first + path[j]
+        as first + j (the accepted path, root to leaf), keys and values alike, and cut the rest."""
+        moves = [(first + i, first + j) for j, i in enumerate(path) if i != j]
+        if moves:
+            src = torch.tensor([self.slots(session.table, a, a + 1)[0] for a, _ in moves], device=self.device)
+            dst = torch.tensor([self.slots(session.table, b, b + 1)[0] for _, b in moves], device=self.device)
+            for storage in self.keys + self.values:
+                storage.index_copy_(0, dst, storage.index_select(0, src))  # gathered before written
+            for a, b in moves:
+                session.tokens[b] = session.tokens[a]
+        self.cut(session, first + len(path))
+
     def slots(self, table: BlockTable, start: int, end: int) -> list[int]:
         """The storage slots of positions start..end-1 of `table`."""
         size, blocks = self.block_size, table.blocks

@@ -30,6 +30,7 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from specdec.core import tree
 from specdec.runtime.compiled import Decoder
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape, default_budget
 from specdec.runtime.projection import forward_logits
@@ -46,6 +47,10 @@ class Row:
     table: BlockTable
     tokens: Sequence[int]
     keep: int
+    # The last len(parents) tokens are a token tree's nodes (`specdec.core.tree`), the token
+    # before them its root: each node sits at the root's position + its depth and attends to the
+    # context and its own ancestors only. None: every token attends causally.
+    parents: Sequence[int] | None = None
 
 
 @dataclass
@@ -63,11 +68,18 @@ class _Group:
     queries: int  # N
     keys: int  # C
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # window -> (B, 1, N, C)
+    # With a tree row in the group: which keys each query sees, and each key's position (a tree
+    # node's is not its slot index). None: causal by position, which is the slot index.
+    visible: torch.Tensor | None = None  # (B, N, C)
+    key_positions: torch.Tensor | None = None  # (B, 1, C)
 
     def mask(self, window: int | None) -> torch.Tensor:
         if window not in self.masks:
-            key_pos = torch.arange(self.keys, device=self.query_pos.device)  # (C,)
-            seen = (key_pos <= self.query_pos) & (key_pos < self.key_len)  # (B, N, C)
+            if self.visible is None:
+                key_pos = torch.arange(self.keys, device=self.query_pos.device)  # (C,)
+                seen = (key_pos <= self.query_pos) & (key_pos < self.key_len)  # (B, N, C)
+            else:
+                key_pos, seen = self.key_positions, self.visible.clone()
             if window is not None:
                 seen &= key_pos > self.query_pos - window
             self.masks[window] = seen.unsqueeze(1)
@@ -94,7 +106,7 @@ def ragged_forward(
         start = row.table.length - len(row.tokens)
         kept.extend(range(len(ids) + len(row.tokens) - row.keep, len(ids) + len(row.tokens)))
         ids.extend(row.tokens)
-        positions.extend(range(start, row.table.length))
+        positions.extend(_positions(row))
         new_slots.extend(pool.slots(row.table, start, row.table.length))
     layout = PassLayout(pool, _tensor(new_slots, device), _groups(pool, rows), len(ids))
     return forward_logits(
@@ -113,6 +125,16 @@ def ragged_forward(
 def decode_shaped(rows: Sequence[Row]) -> bool:
     """Every row is a decode or verify row (none a prefill chunk): the passes `--compile` serves."""
     return all(len(row.tokens) <= _SHORT for row in rows)
+
+
+def _positions(row: Row) -> list[int]:
+    """The position of each of the row's new tokens: its slot index in the table, except a tree
+    node's, which is the root's + the node's depth."""
+    start = row.table.length - len(row.tokens)
+    if row.parents is None:
+        return list(range(start, row.table.length))
+    first = row.table.length - len(row.parents)  # node 0's slot index; the root's is first - 1
+    return list(range(start, first)) + [first - 1 + d for d in tree.depths(row.parents)]
 
 
 def _tensor(values: list[int], device: torch.device) -> torch.Tensor:
@@ -136,12 +158,19 @@ def _group(pool: KVBlockPool, rows: list[Row], offsets: list[int]) -> _Group:
     for b, (row, offset) in enumerate(zip(rows, offsets)):
         n, length = len(row.tokens), row.table.length
         query_index += list(range(offset, offset + n)) + [0] * (n_max - n)
-        query_pos += list(range(length - n, length)) + [0] * (n_max - n)
+        query_pos += _positions(row) + [0] * (n_max - n)
         slots += pool.slots(row.table, 0, length) + [0] * (c_max - length)
         valid += range(b * n_max, b * n_max + n)
         packed += range(offset, offset + n)
     device = pool.device
+    visible = key_positions = None
+    if any(row.parents is not None for row in rows):
+        pairs = [_tree_visibility(row, n_max, c_max) for row in rows]
+        visible = torch.stack([v for v, _ in pairs]).to(device)
+        key_positions = torch.stack([k for _, k in pairs]).unsqueeze(1).to(device)
     return _Group(
+        visible=visible,
+        key_positions=key_positions,
         query_index=_tensor(query_index, device),
         slots=_tensor(slots, device),
         query_pos=_tensor(query_pos, device).view(len(rows), n_max, 1),
@@ -152,6 +181,27 @@ def _group(pool: KVBlockPool, rows: list[Row], offsets: list[int]) -> _Group:
         queries=n_max,
         keys=c_max,
     )
+
+
+def _tree_visibility(row: Row, queries: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(queries, keys) which keys each of the row's (padded) queries sees, and (keys,) each key's
+    position: causal over the context; a tree node sees the context and its ancestors."""
+    n, length = len(row.tokens), row.table.length
+    slot = torch.arange(keys)
+    own = torch.arange(length - n, length)  # each query's slot index
+    visible = torch.zeros(queries, keys, dtype=torch.bool)
+    visible[:n] = (slot <= own.unsqueeze(1)) & (slot < length)
+    visible[n:, 0] = True  # a padded query sees key 0 only: no softmax row is empty
+    key_pos = slot.clone()
+    if row.parents is not None:
+        t = len(row.parents)
+        first = length - t
+        nodes = torch.zeros(t, t, dtype=torch.bool)
+        for i, ancestors in enumerate(tree.ancestry(row.parents)):
+            nodes[i, list(ancestors)] = True
+        visible[n - t : n, first:length] = nodes
+        key_pos[first:length] = first - 1 + torch.tensor(tree.depths(row.parents))
+    return visible, key_pos
 
 
 def paged_attention(

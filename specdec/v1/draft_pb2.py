@@ -25,23 +25,23 @@ _sym_db = _symbol_database.Default()
 from specdec.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x87\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcommitted_len\x18\x02 \x01(\r\x12\x12\n\nnew_tokens\x18\x03 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\r\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x36\n\x0eprobs_encoding\x18\x06 \x01(\x0e\x32\x1e.specdec.v1.DraftProbsEncoding\x12\x1f\n\x12model_draft_tokens\x18\x07 \x01(\rH\x00\x88\x01\x01\x42\x15\n\x13_model_draft_tokens\"\x8e\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12+\n\x0b\x64raft_probs\x18\x02 \x01(\x0b\x32\x16.specdec.v1.DraftProbs\x12\x12\n\ncached_len\x18\x03 \x01(\r\x12\'\n\x06source\x18\x04 \x01(\x0e\x32\x17.specdec.v1.DraftSource\"E\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1c\n\x14\x63ompletion_token_ids\x18\x02 \x03(\x05\"\x14\n\x12\x45ndSessionResponse*\x92\x01\n\x0b\x44raftSource\x12\x1c\n\x18\x44RAFT_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44RAFT_SOURCE_NGRAM\x10\x01\x12\x16\n\x12\x44RAFT_SOURCE_MODEL\x10\x02\x12\x1c\n\x18\x44RAFT_SOURCE_NGRAM_SHORT\x10\x03\x12\x17\n\x13\x44RAFT_SOURCE_SUFFIX\x10\x04\x32\x9f\x01\n\x0c\x44raftService\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12K\n\nEndSession\x12\x1d.specdec.v1.EndSessionRequest\x1a\x1e.specdec.v1.EndSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x95\x02\n\x0eProposeRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rcommitted_len\x18\x02 \x01(\r\x12\x12\n\nnew_tokens\x18\x03 \x03(\x05\x12\x18\n\x10num_draft_tokens\x18\x04 \x01(\r\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x36\n\x0eprobs_encoding\x18\x06 \x01(\x0e\x32\x1e.specdec.v1.DraftProbsEncoding\x12\x1f\n\x12model_draft_tokens\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04tree\x18\x08 \x01(\x08\x42\x15\n\x13_model_draft_tokens\"\xa6\x01\n\x0fProposeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12+\n\x0b\x64raft_probs\x18\x02 \x01(\x0b\x32\x16.specdec.v1.DraftProbs\x12\x12\n\ncached_len\x18\x03 \x01(\r\x12\'\n\x06source\x18\x04 \x01(\x0e\x32\x17.specdec.v1.DraftSource\x12\x16\n\x0eparent_indices\x18\x05 \x03(\x05\"E\n\x11\x45ndSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1c\n\x14\x63ompletion_token_ids\x18\x02 \x03(\x05\"\x14\n\x12\x45ndSessionResponse*\x92\x01\n\x0b\x44raftSource\x12\x1c\n\x18\x44RAFT_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x44RAFT_SOURCE_NGRAM\x10\x01\x12\x16\n\x12\x44RAFT_SOURCE_MODEL\x10\x02\x12\x1c\n\x18\x44RAFT_SOURCE_NGRAM_SHORT\x10\x03\x12\x17\n\x13\x44RAFT_SOURCE_SUFFIX\x10\x04\x32\x9f\x01\n\x0c\x44raftService\x12\x42\n\x07Propose\x12\x1a.specdec.v1.ProposeRequest\x1a\x1b.specdec.v1.ProposeResponse\x12K\n\nEndSession\x12\x1d.specdec.v1.EndSessionRequest\x1a\x1e.specdec.v1.EndSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.draft_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTSOURCE']._serialized_start=568
-  _globals['_DRAFTSOURCE']._serialized_end=714
+  _globals['_DRAFTSOURCE']._serialized_start=606
+  _globals['_DRAFTSOURCE']._serialized_end=752
   _globals['_PROPOSEREQUEST']._serialized_start=64
-  _globals['_PROPOSEREQUEST']._serialized_end=327
-  _globals['_PROPOSERESPONSE']._serialized_start=330
-  _globals['_PROPOSERESPONSE']._serialized_end=472
-  _globals['_ENDSESSIONREQUEST']._serialized_start=474
-  _globals['_ENDSESSIONREQUEST']._serialized_end=543
-  _globals['_ENDSESSIONRESPONSE']._serialized_start=545
-  _globals['_ENDSESSIONRESPONSE']._serialized_end=565
-  _globals['_DRAFTSERVICE']._serialized_start=717
-  _globals['_DRAFTSERVICE']._serialized_end=876
+  _globals['_PROPOSEREQUEST']._serialized_end=341
+  _globals['_PROPOSERESPONSE']._serialized_start=344
+  _globals['_PROPOSERESPONSE']._serialized_end=510
+  _globals['_ENDSESSIONREQUEST']._serialized_start=512
+  _globals['_ENDSESSIONREQUEST']._serialized_end=581
+  _globals['_ENDSESSIONRESPONSE']._serialized_start=583
+  _globals['_ENDSESSIONRESPONSE']._serialized_end=603
+  _globals['_DRAFTSERVICE']._serialized_start=755
+  _globals['_DRAFTSERVICE']._serialized_end=914
 # @@protoc_insertion_point(module_scope)

@@ -139,8 +139,15 @@ def test_field_names_are_the_contract() -> None:
         "sampling": 5,
         "probs_encoding": 6,
         "model_draft_tokens": 7,
+        "tree": 8,
     }
-    assert fields(draft_pb2.ProposeResponse) == {"token_ids": 1, "draft_probs": 2, "cached_len": 3, "source": 4}
+    assert fields(draft_pb2.ProposeResponse) == {
+        "token_ids": 1,
+        "draft_probs": 2,
+        "cached_len": 3,
+        "source": 4,
+        "parent_indices": 5,
+    }
     assert fields(draft_pb2.EndSessionRequest) == {"session_id": 1, "completion_token_ids": 2}
     assert list(draft_pb2.DraftSource.keys()) == [
         "DRAFT_SOURCE_UNSPECIFIED",

@@ -12,6 +12,7 @@ import pytest
 from reference import target_only
 
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
+from specdec.core import tree
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.hybrid import HybridDrafter, parse_spec, uses_suffix
 from specdec.draft_service.model_drafter import ModelDrafter
@@ -76,3 +77,31 @@ def test_a_suffix_hybrid_drafts_lookups_first_and_the_model_elsewhere(tiny):
 def test_specs_name_the_suffix_drafters():
     assert uses_suffix("suffix") and uses_suffix("suffix:distilled") and not uses_suffix("hybrid:distilled")
     assert parse_spec("suffix:distilled") == "distilled" and parse_spec("suffix") is None
+
+
+class _CountingTrees(LocalNgramProposer):
+    """The suffix drafter, counting the proposals that branch (trees that are not chains)."""
+
+    branching = 0
+
+    async def propose(self, *args, **kwargs):
+        proposal = await super().propose(*args, **kwargs)
+        if proposal.parents is not None and not tree.is_chain(proposal.parents):
+            self.branching += 1
+        return proposal
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+def test_token_trees_from_the_suffix_cache_keep_every_output_the_targets(tiny, sampling):
+    """Similar requests whose completions differ make the suffix cache branch: with token trees
+    on, the drafter proposes trees, the target verifies them in one pass, and every output is
+    still target-only decoding's (seeded sampling included)."""
+    target = tiny("gemma3", 1)
+    proposer = _CountingTrees(SuffixDrafter())
+    config = dataclasses.replace(CONFIG, token_tree=True)
+    engine = SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
+    results = _serve_in_order(engine, sampling)
+    for prompt, result in zip(REQUESTS, results):
+        assert result.token_ids == target_only(target.model, prompt, NEW_TOKENS, target.eos_token_ids, sampling)
+    assert proposer.branching > 0
+    assert sum(r.stats.accepted_tokens for r in results) > 0

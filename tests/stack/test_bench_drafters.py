@@ -19,7 +19,8 @@ def test_held_out_sets_share_no_prompt_with_the_tuning_sets():
 def test_the_drafter_benchmark_runs_every_arm_on_both_sets(tiny_dir, ray_local, tmp_path):
     out = tmp_path / "drafters.json"
     argv = [
-        "--target-model", tiny_dir("llama", 1), "--arm", "suffix", "--arm", f"suffix:{tiny_dir('llama', 2)}",
+        "--target-model", tiny_dir("llama", 1), "--arm", "suffix", "--arm", "suffix+tree",
+        "--arm", f"suffix:{tiny_dir('llama', 2)}",
         "--kind", "repeated", "--passes", "1", "--prompts", "3", "--max-new-tokens", "8",
         "--max-prompt-tokens", "48", "--json", str(out),
     ]  # fmt: skip
@@ -27,7 +28,7 @@ def test_the_drafter_benchmark_runs_every_arm_on_both_sets(tiny_dir, ray_local, 
     results = json.loads(out.read_text())
     assert code == 0 and results["greedy_equal"]
     assert set(results["sets"]) == {"repeated/tuning", "repeated/heldout"}
-    arms = ["ngram", "suffix", f"suffix:{tiny_dir('llama', 2)}"]
+    arms = ["ngram", "suffix", "suffix+tree", f"suffix:{tiny_dir('llama', 2)}"]
     for row in results["sets"].values():
         assert len(row["requests"]) == 3
         assert set(row["tokens_per_s"]) == {"target_only", *arms} and all(v > 0 for v in row["tokens_per_s"].values())

@@ -107,6 +107,7 @@ def test_coordinator_flags_and_environment_map_onto_the_config():
     assert config.draft == "127.0.0.1:50052" and config.ray_address == "auto" and config.target_model is None
     assert config.ray_join is None and config.pool_wait_s == 0
     assert parse_config(["--draft", "x:1", "--pool-wait", "30"], {}).pool_wait_s == 30
+    assert not config.engine.token_tree and parse_config(["--draft", "x:1", "--token-tree", "on"], {}).engine.token_tree
     with pytest.raises(SystemExit):
         parse_config(["--draft", "x:1", "--pool-wait", "-1"], {})
     assert (

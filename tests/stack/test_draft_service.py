@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -41,8 +42,8 @@ from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 CONFIG = EngineConfig(max_draft_tokens=8, pipeline=False, adaptive=False)
 
 
-def _engine(proposer, target) -> SpeculativeEngine:
-    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, CONFIG)
+def _engine(proposer, target, **config) -> SpeculativeEngine:
+    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, replace(CONFIG, **config))
 
 
 def _request(
@@ -108,6 +109,34 @@ def test_a_suffix_replica_learns_completions_from_end_session_and_drafts_them_fo
         assert result.token_ids == _local_tokens(tiny, prompt)
     assert core.suffix.stats.learned == len(similar) and core.suffix.stats.from_cache > 0
     assert len(core.store) == 0
+
+
+def test_a_suffix_replica_answers_a_tree_over_grpc_and_the_engine_verifies_it(tiny):
+    """Over a real gRPC server: a Propose with `tree` set gets a tree (parent_indices, one per
+    token, parents first) where completions branch, without it a chain; an engine with token trees
+    on serves similar requests through that replica with the outputs of lookup decoding."""
+    target = tiny("llama", TARGET_SEED)
+    similar = [[40 + i, *PROMPT] for i in range(4)]
+
+    async def check():
+        async with serving(None, suffix=SuffixConfig()) as (server, client):
+            for i, tail in enumerate(([7, 8], [7, 8], [9, 10])):
+                server.core.end_session(f"done-{i}", [*PROMPT[-3:], *tail])
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = draft_pb2_grpc.DraftServiceStub(channel)
+                asked = propose_request("t", new_tokens=[1, *PROMPT[-3:]], k=6)
+                asked.tree = True
+                branched = await stub.Propose(asked)
+                chain = await stub.Propose(propose_request("c", new_tokens=[1, *PROMPT[-3:]], k=6))
+            engine = _engine(client, target, token_tree=True)
+            results = [await engine.generate(_request(prompt=prompt)) for prompt in similar]
+            return branched, chain, results
+
+    branched, chain, results = run(check())
+    assert sorted(branched.token_ids) == [7, 8, 9, 10] and list(branched.parent_indices) == [-1, 0, -1, 2]
+    assert list(chain.token_ids) == [7, 8] and not chain.parent_indices
+    for prompt, result in zip(similar, results):
+        assert result.token_ids == _local_tokens(tiny, prompt)
 
 
 def _local_tokens(tiny, prompt) -> list[int]:

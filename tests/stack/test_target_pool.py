@@ -12,6 +12,7 @@ import pytest
 import ray
 
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
+from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
@@ -288,6 +289,24 @@ def test_a_pool_without_actors_is_unreachable_and_its_rounds_unavailable_until_a
     launch(ActorConfig(target_model=tiny_dir("llama", 1)), 1, prefix=pool.config.prefix, namespace="specdec-test")
     assert asyncio.run(pool.reachable())
     assert len(asyncio.run(remote.generate(request)).token_ids) == 4
+
+
+def test_a_token_tree_crosses_to_the_actor_and_decides_as_in_process(tiny, pool_factory):
+    """Tree rounds through the pool (parent indices travel with the drafts) give the in-process
+    verifier's verdicts, and the second round finds the first one's accepted path held."""
+    from specdec.core import tree
+
+    pool = pool_factory()
+    local = TargetVerifier(tiny("llama", 1))
+    sampling = SamplingParams(temperature=0.9, top_k=40, seed=3)
+    context = list(PROMPTS[0])
+    for branches in ([[5, 17], [42, 99, 7], [5, 120]], [[33, 64], [7, 5, 17, 42]]):
+        tokens, parents = tree.from_branches(branches)
+        proposal = DraftProposal(tokens, parents=parents)
+        got = asyncio.run(pool.verify("tree", context, proposal, sampling))
+        assert got == local.verify("tree", context, proposal, sampling)
+        context += got.accepted_ids
+    assert pool.resends == 0  # the actor held what the pool expected after the tree round
 
 
 def test_while_the_head_cannot_be_asked_the_pool_serves_with_the_handles_it_holds(tiny, pool_factory):

@@ -80,3 +80,25 @@ def test_a_completion_longer_than_the_cache_keeps_its_tail():
 def test_bad_configs_are_refused(bad):
     with pytest.raises(ValueError):
         SuffixConfig(**bad)
+
+
+def test_a_tree_drafts_every_continuation_worth_it_best_first():
+    """Completions that went on in several ways after "8 9": every branch is drafted, the more
+    frequent first and each node after its parent; branches below min_token_prob are left out,
+    and the node budget keeps the best-scored nodes."""
+    completions = ([30, 31], [30, 31], [30, 32], [40, 41], [50, 51])
+    drafters = [
+        SuffixDrafter(SuffixConfig(max_spec_factor=4.0, max_spec_offset=4.0, min_token_prob=p)) for p in (0.15, 0.25)
+    ]
+    for drafter in drafters:
+        for tail in completions:
+            drafter.learn([7, 8, 9, *tail])
+    tokens, parents = drafters[0].propose_tree([1, 8, 9], 8)
+    # 30 (3/5) -> 31 (2/5), 32 (1/5); 40 (1/5) -> 41 (1/5); 50 (1/5) -> 51 (1/5)
+    assert tokens[:2] == [30, 31] and parents[:2] == [-1, 0] and drafters[0].last == "cache"
+    assert sorted(tokens) == [30, 31, 32, 40, 41, 50, 51]
+    assert all(p < i for i, p in enumerate(parents))
+    assert all(tokens[p] == {31: 30, 32: 30, 41: 40, 51: 50}[t] for t, p in zip(tokens, parents) if p >= 0)
+    assert drafters[0].propose_tree([1, 8, 9], 2) == ([30, 31], [-1, 0])  # the two best nodes
+    assert drafters[1].propose_tree([1, 8, 9], 8) == ([30, 31], [-1, 0])  # the 1/5 branches fall below 0.25
+    assert drafters[0].propose_tree([5, 6], 4) == ([], [])  # nothing matches
