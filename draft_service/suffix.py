@@ -1,21 +1,27 @@
 """Suffix decoding (Oliaro et al., "SuffixDecoding", arXiv 2411.04975): drafts from what followed
-the context's longest suffix, in the request itself and in the completions of earlier requests.
+the context's suffixes, in the request itself and in the completions of earlier requests.
 
 A replica sees every request its sessions belong to. Requests that resemble one another (agent
 loops, templated generation, retries, code edits) repeat text across requests, which lookup in
 the request's own context cannot see. `SuffixCache` keeps the completions of recent requests,
-bounded in tokens, oldest out first; `SuffixDrafter` matches the context's longest suffix
-(up to `max_match` tokens) against the context itself and against that cache, and drafts along
-the most frequent continuation of the matches:
+bounded in tokens, oldest out first; `SuffixDrafter` drafts from one pool of candidates:
 
-- candidates are the occurrences of the longest suffix found (the most recent `max_candidates`
-  of each source); at each step the most frequent next token among those still agreeing with the
-  draft is taken, and the draft stops once the product of those frequencies falls below
-  `min_token_prob` (the paper's path score);
-- the draft length follows the match length, `max_spec_factor * L + max_spec_offset` tokens
-  for a match of L tokens (a long match predicts far; a one-token match hardly at all);
-- of the two sources, the one whose draft has the larger expected length (the sum of the path
-  scores) answers; on a tie, the longer match.
+- a candidate is an earlier occurrence of the context's last token, in the context or in the
+  cache, with the length L of the context suffix it matches (up to `max_match`) and the tokens
+  that followed it; while more than `max_candidates` of a source remain, only those matching
+  one more token are kept, so a frequent token's many occurrences never crowd out a longer match;
+- a candidate weighs L^2: a long match predicts far better than a one-token one, yet the many
+  one-token matches of text that was seen before still vote (most of what a similar request
+  repeats is matched by one or two tokens when the round starts);
+- a path's score is the weight of the candidates that continue along it over the total weight
+  plus `evidence_prior` (the weight of "none of these": a lone one-token match scores 1/5, a lone
+  3-token match 9/13, and a path that candidates disagree on scores its share of them, so the
+  draft length follows the match length and the evidence, as the paper's path score and
+  match-length limit do); a chain follows the best child while its score stays at least
+  `min_token_prob`, a tree takes the best-scored nodes first. The coordinator's k caps either.
+
+The constants were chosen on the benchmark's tuning sets (bench/heldout.py) by replaying the
+target's outputs (bench/drafter_rounds.py); the held-out sets, through the stack, judge them.
 
 Drafts are point masses (no q), like prompt lookup: the acceptance rule treats them exactly, so
 nothing the cache holds can change an output, only how fast it comes.
@@ -32,46 +38,49 @@ import numpy as np
 
 _END = -1  # between completions in the cache: no match or draft crosses it
 _NONE = -2  # outside the cache's live window
-_MAX_SCANNED = 4096  # most recent occurrences of a token pair read from the cache's index per call
+_MAX_SCANNED = 4096  # most recent occurrences of a token read from the cache's index per call
 
 
 @dataclass(frozen=True)
 class SuffixConfig:
-    max_match: int = 32  # longest context suffix matched (the paper's tree depth)
-    min_match: int = 1  # shortest suffix worth drafting from; the cache is matched from 2 tokens
-    max_spec_factor: float = 1.0  # a match of L tokens drafts at most factor * L + offset tokens
-    max_spec_offset: float = 1.0
-    min_token_prob: float = 0.1  # stop where the draft's path frequency falls below this
-    max_candidates: int = 64  # most recent occurrences of the matched suffix considered, per source
+    max_match: int = 32  # longest context suffix matched (the paper's tree depth), and the longest draft
+    min_token_prob: float = 0.1  # stop where the draft's path score falls below this
+    evidence_prior: float = 4.0  # the weight of "none of the candidates" in every path score
+    max_candidates: int = 64  # most recent occurrences considered per source, after narrowing
     max_cached_tokens: int = 1 << 20  # completion tokens kept (4 MiB ring, index up to ~50 MiB), oldest out first
 
     def __post_init__(self):
-        if not 1 <= self.min_match <= self.max_match:
-            raise ValueError(f"need 1 <= min_match <= max_match, got {self.min_match}, {self.max_match}")
-        if self.max_cached_tokens < 2 or self.max_candidates < 1 or not 0 <= self.min_token_prob <= 1:
+        if self.max_match < 1:
+            raise ValueError(f"need max_match >= 1, got {self.max_match}")
+        if (
+            self.max_cached_tokens < 2
+            or self.max_candidates < 1
+            or not 0 <= self.min_token_prob <= 1
+            or self.evidence_prior < 0
+        ):
             raise ValueError(f"invalid suffix config {self}")
 
 
 @dataclass
 class SuffixStats:
     lookups: int = 0  # propose calls
-    from_context: int = 0  # answered from the request's own tokens
-    from_cache: int = 0  # answered from earlier requests' completions
+    from_context: int = 0  # answered mostly from the request's own tokens
+    from_cache: int = 0  # answered mostly from earlier requests' completions
     learned: int = 0  # completions added to the cache
     evicted_tokens: int = 0
 
 
 class SuffixCache:
     """Recent completions in one ring of token ids (completions separated by _END), with an index
-    from each token pair to the positions where it starts, in order. Positions are global
-    (they only grow); the live window is the last `capacity` of them. Eviction takes the oldest
-    positions out of the index exactly, so the index never holds more than the ring."""
+    from each token to the positions where it occurs, in order. Positions are global (they only
+    grow); the live window is the last `capacity` of them. Eviction takes the oldest positions
+    out of the index exactly, so the index never holds more than the ring."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.ring = np.full(capacity, _END, dtype=np.int32)
         self.end = 0  # global position after the last token written
-        self.index: dict[tuple[int, int], deque[int]] = {}
+        self.index: dict[int, deque[int]] = {}
 
     @property
     def start(self) -> int:
@@ -82,7 +91,7 @@ class SuffixCache:
         return self.end - self.start
 
     def nbytes(self) -> int:
-        """The ring plus an estimate of the index (a tuple key, a deque and a boxed int per entry)."""
+        """The ring plus an estimate of the index (a key, a deque and a boxed int per entry)."""
         entries = sum(len(positions) for positions in self.index.values())
         return self.ring.nbytes + 200 * len(self.index) + 40 * entries
 
@@ -97,22 +106,21 @@ class SuffixCache:
         self._evict(old_start, new_start)
         for offset, token in enumerate([*tokens, _END]):
             self.ring[(self.end + offset) % self.capacity] = token
-        for offset in range(len(tokens) - 1):
-            key = (tokens[offset], tokens[offset + 1])
-            self.index.setdefault(key, deque()).append(self.end + offset)
+        for offset, token in enumerate(tokens):
+            self.index.setdefault(token, deque()).append(self.end + offset)
         self.end = new_end
         return max(0, new_start - old_start)
 
     def _evict(self, old_start: int, new_start: int) -> None:
         """Drop the index entries of positions [old_start, new_start), which the next write overwrites."""
-        for position in range(old_start, min(new_start, self.end - 1)):
-            first, second = self._at(position), self._at(position + 1)
-            if first == _END or second == _END:
+        for position in range(old_start, min(new_start, self.end)):
+            token = self._at(position)
+            if token == _END:
                 continue
-            positions = self.index[(first, second)]
-            positions.popleft()  # the oldest entry of its pair: positions were appended in order
+            positions = self.index[token]
+            positions.popleft()  # the oldest entry of its token: positions were appended in order
             if not positions:
-                del self.index[(first, second)]
+                del self.index[token]
 
     def _at(self, position: int) -> int:
         return int(self.ring[position % self.capacity])
@@ -123,12 +131,25 @@ class SuffixCache:
         return np.where(live, self.ring[positions % self.capacity], _NONE)
 
 
+@dataclass
+class _Candidates:
+    """Earlier occurrences of the context's last token: the tokens after each (rows, _END or
+    _NONE past their end), each row's weight, and which rows came from the cache."""
+
+    following: np.ndarray  # (n, width) int64
+    weights: np.ndarray  # (n,) float64
+    cached: np.ndarray  # (n,) bool
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
 class SuffixDrafter:
     def __init__(self, config: SuffixConfig = SuffixConfig()):
         self.config = config
         self.cache = SuffixCache(config.max_cached_tokens)
         self.stats = SuffixStats()
-        self.last = "none"  # where the last proposal came from: "context", "cache" or "none"
+        self.last = "none"  # where the last proposal mostly came from: "context", "cache" or "none"
 
     def learn(self, completion: Sequence[int]) -> None:
         """Remember a finished request's completion (its output tokens, prompt excluded)."""
@@ -137,74 +158,131 @@ class SuffixDrafter:
             self.stats.evicted_tokens += self.cache.add(completion)
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to k tokens: the better of the request's own and the cache's suffix drafts."""
-        return self._best(tokens, k, self._draft) or []
+        """Up to k tokens: the best-scored path while its score stays above min_token_prob."""
+        candidates = self._candidates(tokens, k)
+        if candidates is None:
+            return []
+        c = self.config
+        rows, weights = candidates.following, candidates.weights
+        total = weights.sum() + c.evidence_prior
+        draft: list[int] = []
+        first: np.ndarray | None = None  # the rows agreeing with the first drafted token
+        for step in range(rows.shape[1]):
+            column = rows[:, step]
+            token, weight = _heaviest(column, weights)
+            if token is None or weight / total < c.min_token_prob:
+                break
+            draft.append(token)
+            agree = column == token
+            if step == 0:
+                first = agree  # rows are still every candidate
+            rows, weights = rows[agree], weights[agree]
+        self._account(candidates, first)
+        return draft
 
     def propose_tree(self, tokens: Sequence[int], nodes: int) -> tuple[list[int], list[int]]:
         """A token tree of up to `nodes` nodes (tokens, parent indices; `specdec.core.tree`): the
-        matches' continuations expanded best first by path frequency, so where they disagree
-        several branches are drafted at once (the paper's speculation tree)."""
-        return self._best(tokens, nodes, self._draft_tree) or ([], [])
+        candidates' continuations expanded best first by path score, so where they disagree
+        several branches are drafted at once (the paper's speculation tree). A child scores at
+        most its parent, so parents are taken first."""
+        candidates = self._candidates(tokens, nodes)
+        if candidates is None:
+            return [], []
+        c = self.config
+        total = candidates.weights.sum() + c.evidence_prior
+        tokens_out: list[int] = []
+        parents: list[int] = []
+        frontier: list[tuple[float, int, int, int, np.ndarray, int]] = []  # (-score, order, token, parent, rows, depth)
+        order = 0
 
-    def _best(self, tokens: Sequence[int], k: int, draft):
-        """`draft`'s answer for the better of the request's own and the cache's matches."""
+        def expand(rows: np.ndarray, depth: int, parent: int) -> None:
+            nonlocal order
+            if depth >= candidates.following.shape[1]:
+                return
+            column = candidates.following[rows, depth]
+            valid = column >= 0
+            values, inverse = np.unique(column[valid], return_inverse=True)
+            sums = np.bincount(inverse, weights=candidates.weights[rows[valid]], minlength=len(values))
+            for token, weight in zip(values.tolist(), sums.tolist()):
+                if weight / total >= c.min_token_prob:
+                    heapq.heappush(frontier, (-weight / total, order, token, parent, rows[column == token], depth + 1))
+                    order += 1
+
+        expand(np.arange(len(candidates)), 0, -1)
+        first: np.ndarray | None = None
+        while frontier and len(tokens_out) < nodes:
+            _, _, token, parent, rows, depth = heapq.heappop(frontier)
+            if not tokens_out:
+                first = np.zeros(len(candidates), dtype=bool)
+                first[rows] = True
+            tokens_out.append(token)
+            parents.append(parent)
+            expand(rows, depth, len(tokens_out) - 1)
+        self._account(candidates, first)
+        return tokens_out, parents
+
+    def _account(self, candidates: _Candidates, first: np.ndarray | None) -> None:
+        """Stats: a proposal comes from the source holding most of its first token's weight."""
+        if first is None or not first.any():
+            return
+        weights = candidates.weights[first]
+        cached = candidates.cached[first]
+        if weights[cached].sum() > weights[~cached].sum():
+            self.stats.from_cache += 1
+            self.last = "cache"
+        else:
+            self.stats.from_context += 1
+            self.last = "context"
+
+    def _candidates(self, tokens: Sequence[int], k: int) -> _Candidates | None:
+        """Every source's candidates for a draft of up to k tokens, or None when there are none."""
         self.stats.lookups += 1
         self.last = "none"
-        if k <= 0 or not tokens:
+        if k <= 0 or len(tokens) < 2:
             return None
         context = np.asarray(tokens, dtype=np.int64)
         reversed_suffix = context[::-1][: self.config.max_match]
-        own_match, own_following = self._in_context(context, reversed_suffix)
-        cache_match, cache_following = self._in_cache(context, reversed_suffix)
-        own = (*draft(own_match, own_following, k), own_match)
-        cached = (*draft(cache_match, cache_following, k), cache_match)
-        best = max(own, cached, key=lambda d: d[1:])  # expected length, then match length
-        if best[1] <= 0:  # every drafted token adds a positive score: nothing drafted
+        width = min(k, self.config.max_match)
+        own = self._in_context(context, reversed_suffix, width)
+        cached = self._in_cache(context, reversed_suffix, width)
+        # The cache's rows first: ties go to the latest row, the request's own text.
+        found = [part for part in (cached, own) if part is not None]
+        if not found:
             return None
-        if best is own:
-            self.stats.from_context += 1
-            self.last = "context"
-        else:
-            self.stats.from_cache += 1
-            self.last = "cache"
-        return best[0]
-
-    def _in_context(self, context: np.ndarray, reversed_suffix: np.ndarray) -> tuple[int, np.ndarray]:
-        """(match length, continuations) of the longest suffix's most recent earlier occurrences."""
-        n = len(context)
-        if n < 2:
-            return 0, np.empty((0, 0), dtype=np.int64)
-        # Candidates: every earlier position whose token is the context's last one and which is
-        # followed by a token (so the suffix never matches itself).
-        ends = np.flatnonzero(context[:-1] == context[-1])
-        ends = self._narrow(ends, lambda at: np.where(at >= 0, context[np.maximum(at, 0)], _NONE), reversed_suffix)
-        depth = len(reversed_suffix)
-        back = ends[:, None] - np.arange(depth)[None, :]
-        earlier = np.where(back >= 0, context[np.maximum(back, 0)], _NONE)
-        return self._longest(earlier, reversed_suffix, ends, lambda at: _slice(context, at, self.config.max_match))
-
-    def _in_cache(self, context: np.ndarray, reversed_suffix: np.ndarray) -> tuple[int, np.ndarray]:
-        if len(context) < 2:
-            return 0, np.empty((0, 0), dtype=np.int64)
-        positions = self.cache.index.get((int(context[-2]), int(context[-1])))
-        if not positions:
-            return 0, np.empty((0, 0), dtype=np.int64)
-        count = min(len(positions), _MAX_SCANNED)
-        ends = np.fromiter((positions[-1 - i] for i in range(count)), dtype=np.int64, count=count)[::-1] + 1
-        ends = self._narrow(ends, self.cache.window, reversed_suffix)
-        depth = len(reversed_suffix)
-        earlier = self.cache.window(ends[:, None] - np.arange(depth)[None, :])
-        return self._longest(
-            earlier,
-            reversed_suffix,
-            ends,
-            lambda at: self.cache.window(at[:, None] + 1 + np.arange(self.config.max_match)[None, :]),
+        return _Candidates(
+            np.concatenate([part.following for part in found]),
+            np.concatenate([part.weights for part in found]),
+            np.concatenate([part.cached for part in found]),
         )
+
+    def _in_context(self, context: np.ndarray, reversed_suffix: np.ndarray, width: int) -> _Candidates | None:
+        # Every earlier position whose token is the context's last one and which is followed by a
+        # token (so the suffix never matches itself).
+        ends = np.flatnonzero(context[:-1] == context[-1])
+
+        def token_at(at: np.ndarray) -> np.ndarray:
+            return np.where(at >= 0, context[np.maximum(at, 0)], _NONE)
+
+        ends = self._narrow(ends, token_at, reversed_suffix)
+        if len(ends) == 0:
+            return None
+        at = ends[:, None] + 1 + np.arange(width)[None, :]
+        following = np.where(at < len(context), context[np.minimum(at, len(context) - 1)], _END)
+        return self._weighed(ends, token_at, reversed_suffix, following, cached=False)
+
+    def _in_cache(self, context: np.ndarray, reversed_suffix: np.ndarray, width: int) -> _Candidates | None:
+        positions = self.cache.index.get(int(context[-1]))
+        if not positions:
+            return None
+        count = min(len(positions), _MAX_SCANNED)
+        ends = np.fromiter((positions[-1 - i] for i in range(count)), dtype=np.int64, count=count)[::-1]
+        ends = self._narrow(ends, self.cache.window, reversed_suffix)
+        following = self.cache.window(ends[:, None] + 1 + np.arange(width)[None, :])
+        return self._weighed(ends, self.cache.window, reversed_suffix, following, cached=True)
 
     def _narrow(self, ends: np.ndarray, token_at, reversed_suffix: np.ndarray) -> np.ndarray:
         """The most recent max_candidates of `ends`, after keeping, while more than that remain,
-        only those matching one more token of the suffix: a frequent token's many occurrences
-        must not crowd out an older but longer match."""
+        only those matching one more token of the suffix."""
         step = 1
         while len(ends) > self.config.max_candidates and step < len(reversed_suffix):
             narrower = ends[token_at(ends - step) == reversed_suffix[step]]
@@ -213,84 +291,22 @@ class SuffixDrafter:
             ends, step = narrower, step + 1
         return ends[-self.config.max_candidates :]
 
-    def _longest(self, earlier, reversed_suffix, ends, continuation) -> tuple[int, np.ndarray]:
-        """Of candidate occurrences ending at `ends` (their tokens backwards in `earlier`), those
-        matching the longest suffix, with the tokens that followed each (rows, oldest first)."""
-        if len(ends) == 0:
-            return 0, np.empty((0, 0), dtype=np.int64)
+    @staticmethod
+    def _weighed(ends, token_at, reversed_suffix, following, *, cached: bool) -> _Candidates:
+        """Candidates ending at `ends`, each weighing the square of its match length."""
+        earlier = token_at(ends[:, None] - np.arange(len(reversed_suffix))[None, :])
         matched = (earlier == reversed_suffix[None, :]).cumprod(axis=1).sum(axis=1)
-        longest = int(matched.max())
-        if longest < self.config.min_match:
-            return 0, np.empty((0, 0), dtype=np.int64)
-        return longest, continuation(ends[matched == longest])
-
-    def _draft(self, match: int, following: np.ndarray, k: int) -> tuple[list[int], float]:
-        """Walk the most frequent continuation of `following` (one row per occurrence, the most
-        recent last): (draft, expected accepted length = the sum of its path frequencies)."""
-        if match == 0 or following.size == 0:
-            return [], 0.0
-        c = self.config
-        length = min(k, int(c.max_spec_factor * match + c.max_spec_offset), following.shape[1])
-        rows = following
-        draft: list[int] = []
-        path, expected = 1.0, 0.0
-        for step in range(length):
-            column = rows[:, step]
-            column = column[column >= 0]  # _END or _NONE: that occurrence has no more tokens
-            if column.size == 0:
-                break
-            values, counts = np.unique(column, return_counts=True)
-            best = counts.max()
-            # Ties go to the token that followed the most recent occurrence among the tied.
-            tied = set(values[counts == best].tolist())
-            token = next(int(t) for t in column[::-1] if int(t) in tied)
-            path *= best / len(rows)
-            if path < c.min_token_prob:
-                break
-            draft.append(token)
-            expected += path
-            rows = rows[rows[:, step] == token]
-        return draft, expected
-
-    def _draft_tree(self, match: int, following: np.ndarray, nodes: int) -> tuple[tuple[list[int], list[int]], float]:
-        """Expand the continuations of `following` best first: each node's children are the
-        tokens that followed its path, scored by path frequency; the `nodes` best-scored nodes
-        above min_token_prob, at most the match-length depth, form the tree ((tokens, parents),
-        expected accepted length = the sum of their scores). A child scores at most its parent,
-        so parents are taken first."""
-        if match == 0 or following.size == 0:
-            return ([], []), 0.0
-        c = self.config
-        depth_limit = min(int(c.max_spec_factor * match + c.max_spec_offset), following.shape[1])
-        tokens: list[int] = []
-        parents: list[int] = []
-        expected = 0.0
-        frontier: list[tuple[float, int, int, int, np.ndarray, int]] = []  # (-score, order, token, parent, rows, depth)
-        order = 0
-
-        def expand(rows: np.ndarray, depth: int, score: float, parent: int) -> None:
-            nonlocal order
-            if depth >= depth_limit:
-                return
-            column = rows[:, depth]
-            values, counts = np.unique(column[column >= 0], return_counts=True)
-            for token, count in zip(values.tolist(), counts.tolist()):
-                child = score * count / len(rows)
-                if child >= c.min_token_prob:
-                    heapq.heappush(frontier, (-child, order, token, parent, rows[column == token], depth + 1))
-                    order += 1
-
-        expand(following, 0, 1.0, -1)
-        while frontier and len(tokens) < nodes:
-            negative, _, token, parent, rows, depth = heapq.heappop(frontier)
-            tokens.append(token)
-            parents.append(parent)
-            expected -= negative
-            expand(rows, depth, -negative, len(tokens) - 1)
-        return (tokens, parents), expected
+        return _Candidates(following, matched.astype(np.float64) ** 2, np.full(len(ends), cached))
 
 
-def _slice(context: np.ndarray, ends: np.ndarray, width: int) -> np.ndarray:
-    """Rows of the `width` tokens after each position in `ends` (_END past the context's end)."""
-    at = ends[:, None] + 1 + np.arange(width)[None, :]
-    return np.where(at < len(context), context[np.minimum(at, len(context) - 1)], _END)
+def _heaviest(column: np.ndarray, weights: np.ndarray) -> tuple[int | None, float]:
+    """The token with the most weight in `column` (ties: the latest row's), and that weight."""
+    valid = column >= 0  # _END or _NONE: that candidate has no more tokens
+    if not valid.any():
+        return None, 0.0
+    values, inverse = np.unique(column[valid], return_inverse=True)
+    sums = np.bincount(inverse, weights=weights[valid], minlength=len(values))
+    best = sums.max()
+    tied = set(values[sums == best].tolist())
+    token = next(int(t) for t in column[valid][::-1] if int(t) in tied)
+    return token, float(best)
