@@ -10,12 +10,13 @@ bounded in tokens, oldest out first; `SuffixDrafter` drafts from one pool of can
   cache, with the length L of the context suffix it matches (up to `max_match`) and the tokens
   that followed it; while more than `max_candidates` of a source remain, only those matching
   one more token are kept, so a frequent token's many occurrences never crowd out a longer match;
-- a candidate weighs L^2: a long match predicts far better than a one-token one, yet the many
+- a candidate weighs L^`match_power` (L^3): a long match predicts far better than a one-token
+  one (a copy's one 5-token match outweighs four 3-token matches elsewhere), yet the many
   one-token matches of text that was seen before still vote (most of what a similar request
   repeats is matched by one or two tokens when the round starts);
 - a path's score is the weight of the candidates that continue along it over the total weight
   plus `evidence_prior` (the weight of "none of these": a lone one-token match scores 1/5, a lone
-  3-token match 9/13, and a path that candidates disagree on scores its share of them, so the
+  3-token match 27/31, and a path that candidates disagree on scores its share of them, so the
   draft length follows the match length and the evidence, as the paper's path score and
   match-length limit do); a chain follows the best child while its score stays at least
   `min_token_prob`, a tree takes the best-scored nodes first. The coordinator's k caps either.
@@ -46,6 +47,7 @@ class SuffixConfig:
     max_match: int = 32  # longest context suffix matched (the paper's tree depth), and the longest draft
     min_token_prob: float = 0.1  # stop where the draft's path score falls below this
     evidence_prior: float = 4.0  # the weight of "none of the candidates" in every path score
+    match_power: float = 3.0  # a candidate matching L tokens weighs L ** match_power
     max_candidates: int = 64  # most recent occurrences considered per source, after narrowing
     max_cached_tokens: int = 1 << 20  # completion tokens kept (4 MiB ring, index up to ~50 MiB), oldest out first
 
@@ -57,6 +59,7 @@ class SuffixConfig:
             or self.max_candidates < 1
             or not 0 <= self.min_token_prob <= 1
             or self.evidence_prior < 0
+            or self.match_power < 0
         ):
             raise ValueError(f"invalid suffix config {self}")
 
@@ -291,12 +294,12 @@ class SuffixDrafter:
             ends, step = narrower, step + 1
         return ends[-self.config.max_candidates :]
 
-    @staticmethod
-    def _weighed(ends, token_at, reversed_suffix, following, *, cached: bool) -> _Candidates:
-        """Candidates ending at `ends`, each weighing the square of its match length."""
+    def _weighed(self, ends, token_at, reversed_suffix, following, *, cached: bool) -> _Candidates:
+        """Candidates ending at `ends`, each weighing its match length to the power match_power."""
         earlier = token_at(ends[:, None] - np.arange(len(reversed_suffix))[None, :])
         matched = (earlier == reversed_suffix[None, :]).cumprod(axis=1).sum(axis=1)
-        return _Candidates(following, matched.astype(np.float64) ** 2, np.full(len(ends), cached))
+        weights = matched.astype(np.float64) ** self.config.match_power
+        return _Candidates(following, weights, np.full(len(ends), cached))
 
 
 def _heaviest(column: np.ndarray, weights: np.ndarray) -> tuple[int | None, float]:

@@ -1,5 +1,5 @@
 """The suffix drafter on its own: every earlier occurrence of the context's last token is a
-candidate weighing the square of its match length, the heaviest continuation is drafted while
+candidate weighing the cube of its match length, the heaviest continuation is drafted while
 its score (its weight over the total plus the evidence prior) stays above min_token_prob, trees
 take the best-scored nodes first, and the cache of completions stays bounded with an index that
 always equals one rebuilt from what the cache holds."""
@@ -15,7 +15,7 @@ from specdec.draft_service.suffix import _END, SuffixCache, SuffixConfig, Suffix
 
 def test_the_longest_suffix_match_in_the_context_is_continued():
     drafter = SuffixDrafter()
-    #           a  b  c  X   Y  ...  b  c  Z  ...  a  b  c   -> "a b c" (9) outweighs "b c" (4)
+    #           a  b  c  X   Y  ...  b  c  Z  ...  a  b  c   -> "a b c" (27) outweighs "b c" (8)
     context = [1, 2, 3, 10, 11, 2, 3, 20, 21, 1, 2, 3]
     assert drafter.propose(context, 2) == [10, 11]
     assert drafter.last == "context" and drafter.stats.from_context == 1
@@ -28,7 +28,7 @@ def test_the_draft_length_follows_the_evidence():
     min_token_prob; a longer match keeps its whole continuation above it."""
     strict = SuffixDrafter(SuffixConfig(min_token_prob=0.3))
     assert strict.propose([8, 98, 99, 97, 96, 0, 8], 8) == []  # 1 / 5 < 0.3
-    assert strict.propose([7, 8, 9, 1, 2, 3, 4, 0, 7, 8, 9], 8) == [1, 2, 3, 4, 0, 7, 8, 9]  # 9 / 13
+    assert strict.propose([7, 8, 9, 1, 2, 3, 4, 0, 7, 8, 9], 8) == [1, 2, 3, 4, 0, 7, 8, 9]  # 27 / 31
     loose = SuffixDrafter(SuffixConfig(min_token_prob=0.2))
     assert loose.propose([8, 98, 99, 97, 96, 0, 8], 3) == [98, 99, 97]
 
@@ -48,14 +48,14 @@ def test_a_rare_continuation_stops_the_draft():
     drafter = SuffixDrafter(SuffixConfig(min_token_prob=0.4))
     for third in (50, 51, 52):
         drafter.learn([7, 8, 9, 30, third])
-    # Three 2-token matches (weight 4 each, 12 of 16 with the prior): 30 scores 0.75, then each
-    # third token 4 / 16 = 0.25 < 0.4: stop.
+    # Three 2-token matches (weight 8 each, 24 of 28 with the prior): 30 scores 0.86, then each
+    # third token 8 / 28 = 0.29 < 0.4: stop.
     assert drafter.propose([1, 8, 9], 4) == [30]
 
 
 def test_shorter_matches_vote_and_a_longer_match_outweighs_them():
     drafter = SuffixDrafter()
-    drafter.learn([4, 5, 6, 7, 8, 60, 61])  # matches the context's last 5 tokens: weight 25
+    drafter.learn([4, 5, 6, 7, 8, 60, 61])  # matches the context's last 5 tokens: weight 125
     context = [8, 70, 71, 8, 70, 71, 3, 5, 6, 7, 8]  # "8" alone twice in the context: weight 1 each
     assert drafter.propose(context, 2) == [60, 61]
     assert drafter.last == "cache"
@@ -88,9 +88,16 @@ def test_a_completion_longer_than_the_cache_keeps_its_tail():
     assert drafter.propose([1, 101, 102], 2) == []  # the head fell out
 
 
-@pytest.mark.parametrize(
-    "bad", [dict(max_match=0), dict(max_cached_tokens=1), dict(min_token_prob=1.5), dict(evidence_prior=-1)]
-)
+BAD_CONFIGS = [
+    dict(max_match=0),
+    dict(max_cached_tokens=1),
+    dict(min_token_prob=1.5),
+    dict(evidence_prior=-1),
+    dict(match_power=-1),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_CONFIGS)
 def test_bad_configs_are_refused(bad):
     with pytest.raises(ValueError):
         SuffixConfig(**bad)
