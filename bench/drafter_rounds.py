@@ -29,7 +29,9 @@ per priced round over n-gram's.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import platform
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +39,7 @@ from pathlib import Path
 import torch
 
 from specdec.bench import heldout
+from specdec.bench.single_process import _git_commit
 from specdec.coordinator.adaptive import CostModel, DraftLengthPolicy, RoundPlan
 from specdec.coordinator.engine import EngineConfig
 from specdec.core.acceptance import DraftProposal
@@ -201,7 +204,15 @@ def measure(args: argparse.Namespace) -> dict:
         kind, name, _ = key.split("/", 2)
         if kind in args.kind:
             sets.setdefault(f"{kind}/{name}", []).append(request)
-    results: dict = {"sets": {}, "config": vars(args)}
+    results: dict = {
+        "sets": {},
+        "config": {
+            **vars(args),
+            "commit": _git_commit(),
+            "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        },
+    }
     for name, requests in sets.items():
         row = {arm: replay(requests, arm, args) for arm in ARMS}
         base = row["ngram"]["tokens_per_priced_round"]
