@@ -203,9 +203,7 @@ class SuffixDrafter:
             if depth >= candidates.following.shape[1]:
                 return
             column = candidates.following[rows, depth]
-            valid = column >= 0
-            values, inverse = np.unique(column[valid], return_inverse=True)
-            sums = np.bincount(inverse, weights=candidates.weights[rows[valid]], minlength=len(values))
+            values, sums = _weight_by_token(column, candidates.weights[rows])
             for token, weight in zip(values.tolist(), sums.tolist()):
                 if weight / total >= c.min_token_prob:
                     heapq.heappush(frontier, (-weight / total, order, token, parent, rows[column == token], depth + 1))
@@ -302,14 +300,20 @@ class SuffixDrafter:
         return _Candidates(following, weights, np.full(len(ends), cached))
 
 
+def _weight_by_token(column: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens in `column` (_END and _NONE left out: those candidates have no more tokens) and
+    the weight of the rows holding each."""
+    valid = column >= 0
+    values, inverse = np.unique(column[valid], return_inverse=True)
+    return values, np.bincount(inverse, weights=weights[valid], minlength=len(values))
+
+
 def _heaviest(column: np.ndarray, weights: np.ndarray) -> tuple[int | None, float]:
     """The token with the most weight in `column` (ties: the latest row's), and that weight."""
-    valid = column >= 0  # _END or _NONE: that candidate has no more tokens
-    if not valid.any():
+    values, sums = _weight_by_token(column, weights)
+    if len(values) == 0:
         return None, 0.0
-    values, inverse = np.unique(column[valid], return_inverse=True)
-    sums = np.bincount(inverse, weights=weights[valid], minlength=len(values))
     best = sums.max()
     tied = set(values[sums == best].tolist())
-    token = next(int(t) for t in column[valid][::-1] if int(t) in tied)
+    token = next(int(t) for t in column[::-1] if int(t) in tied)
     return token, float(best)
