@@ -43,9 +43,11 @@ from specdec.bench.single_process import _git_commit
 from specdec.coordinator.adaptive import CostModel, DraftLengthPolicy, RoundPlan
 from specdec.coordinator.engine import EngineConfig
 from specdec.core.acceptance import DraftProposal
+from specdec.core.tree import depths, walk
 from specdec.draft_service.ngram import NgramDrafter
 from specdec.draft_service.suffix import SuffixDrafter
 from specdec.drafts.loading import load_model
+from specdec.runtime.models import LoadedModel
 
 ARMS = ("ngram", "suffix", "suffix+tree", "oracle")
 DRAFT_TOP = (1, 2, 4, 8)
@@ -100,14 +102,14 @@ def target_outputs(args: argparse.Namespace) -> dict[str, dict[str, list[int]]]:
 
 
 def accepted(tokens: Sequence[int], parents: Sequence[int], truth: Sequence[int]) -> int:
-    """How many of `truth` the walk from the root follows through the tree (a chain: the prefix)."""
-    node, depth = -1, 0
-    while depth < len(truth):
-        node = next((i for i, (t, p) in enumerate(zip(tokens, parents)) if p == node and t == truth[depth]), None)
-        if node is None:
-            return depth
-        depth += 1
-    return depth
+    """How many of `truth` the target's walk (`specdec.core.tree.walk`) accepts through the tree
+    (a chain: the common prefix). Only nodes on the walk are read, and a node at depth d is on
+    it only if its path is truth's first d tokens, so the target's token there is truth[d]."""
+    if not truth:
+        return 0
+    at_nodes = [truth[d] if d < len(truth) else -1 for d in depths(parents)]  # -1: past the output, no token
+    path, _ = walk([truth[0], *at_nodes], tokens, parents)
+    return len(path)
 
 
 def oracle(context: Sequence[int], earlier: Sequence[Sequence[int]], truth: Sequence[int]) -> int:
@@ -146,14 +148,11 @@ def replay(requests: list[dict[str, list[int]]], arm: str, args: argparse.Namesp
         done = 0
         while done < len(output):
             truth = output[done:]
-            k = policy.plan(args.k, 1).k
-            draft: list[int] = []
-            parents: list[int] = []
             if arm == "oracle":
                 hit, positions = oracle(context, earlier, truth[: args.k]), 1
             else:
-                if k > 0:
-                    draft, parents = _propose(arm, ngram, suffix, context, k)
+                k = policy.plan(args.k, 1).k
+                draft, parents = _propose(arm, ngram, suffix, context, k) if k > 0 else ([], [])
                 hit, positions = accepted(draft, parents, truth), len(draft) + 1
                 source = "ngram" if arm == "ngram" else "suffix"
                 planned = RoundPlan(k, None, "adaptive")
@@ -179,9 +178,8 @@ def _propose(arm, ngram: NgramDrafter, suffix: SuffixDrafter, context, k) -> tup
     return draft, list(range(-1, len(draft) - 1))
 
 
-def draft_coverage(spec: str, requests: list[dict[str, list[int]]], max_new_tokens: int) -> dict[str, float]:
+def draft_coverage(draft: LoadedModel, requests: list[dict[str, list[int]]], max_new_tokens: int) -> dict[str, float]:
     """Share of the target's output tokens among the draft's top-m, teacher-forced."""
-    draft = load_model(spec)
     hits = dict.fromkeys(DRAFT_TOP, 0)
     total = 0
     for request in requests:
@@ -213,13 +211,14 @@ def measure(args: argparse.Namespace) -> dict:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
     }
+    draft = load_model(args.draft) if args.draft else None
     for name, requests in sets.items():
         row = {arm: replay(requests, arm, args) for arm in ARMS}
         base = row["ngram"]["tokens_per_priced_round"]
         for arm in ARMS:
             row[arm]["over_ngram"] = row[arm]["tokens_per_priced_round"] / base
-        if args.draft:
-            row["draft_coverage"] = draft_coverage(args.draft, requests, args.max_new_tokens)
+        if draft is not None:
+            row["draft_coverage"] = draft_coverage(draft, requests, args.max_new_tokens)
         results["sets"][name] = row
     return results
 

@@ -161,7 +161,7 @@ class SuffixDrafter:
             self.stats.evicted_tokens += self.cache.add(completion)
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to k tokens: the best-scored path while its score stays above min_token_prob."""
+        """Up to k tokens: the best-scored path while its score stays at least min_token_prob."""
         candidates = self._candidates(tokens, k)
         if candidates is None:
             return []
