@@ -5,6 +5,10 @@ and the command returns: they live on in the cluster and coordinators find them 
 `--keep SECONDS` as well, it stays and keeps the pool at its size, checking that often: missing
 actors (after a head restart, all of them) are created again, extra ones drained then removed;
 it exits with an error when the cluster cannot be reached, for its supervisor to restart it.
+With `--ray-join` instead of `--address`, the process joins the cluster as a Ray node of its own
+(no Ray Client, no client server on the head); with `--keep` it exits 1 as soon as that node is
+cut off (a head restarted without GCS fault tolerance starts a new cluster), for its supervisor
+to restart it into the new one.
 With no address, a local Ray is started for the pool, and the command stays in the foreground
 (the local cluster ends with it) until Ctrl-C or SIGTERM.
 """
@@ -12,9 +16,11 @@ With no address, a local Ray is started for the pool, and the command stays in t
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import replace
 
 from specdec.core import flag_types
@@ -30,6 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--replicas", type=int, default=1, help="actors in the pool (a GPU each when there are GPUs)")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+    p.add_argument(
+        "--ray-join",
+        default=None,
+        metavar="HOST:PORT",
+        help="GCS address of the Ray cluster to join as a node of this process's own (no CPUs or GPUs), "
+        "instead of a Ray Client through the head's client server; replaces --address",
+    )
     p.add_argument("--namespace", default=NAMESPACE)
     p.add_argument("--name", default=PREFIX, help="actor name prefix: actors are <name>-0 .. <name>-(n-1)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
@@ -106,9 +119,33 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"specdec target: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
-    from specdec.target_service.ray_cluster import connect
+    if args.ray_join and (args.address or args.ray_join.startswith("ray://") or ":" not in args.ray_join):
+        print(
+            "specdec target: --ray-join takes the cluster's GCS address HOST:PORT (the head's 6379), "
+            f"without --address; got {args.ray_join!r}",
+            file=sys.stderr,
+        )
+        return 2
+    from specdec.target_service.ray_cluster import RayNode, connect
 
-    config = ActorConfig(
+    if not args.ray_join:
+        connect(args.address, args.namespace, num_cpus=args.num_cpus)
+        return _run(args, config_from(args), on_cluster=bool(args.address))
+    node = RayNode(args.ray_join, args.namespace)
+    try:
+        node.__enter__()
+    except (RuntimeError, ConnectionError) as e:
+        print(f"specdec target: cannot join the Ray cluster: {e}", file=sys.stderr)
+        return 1
+    threading.Thread(target=_exit_when_cut_off, args=(node,), daemon=True).start()
+    try:
+        return _run(args, config_from(args), on_cluster=True)
+    finally:
+        node.__exit__()  # the node goes with the process
+
+
+def config_from(args: argparse.Namespace) -> ActorConfig:
+    return ActorConfig(
         target_model=args.target_model,
         max_batch=args.max_batch,
         max_sessions=args.max_sessions,
@@ -122,12 +159,31 @@ def main(argv: list[str] | None = None) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
     )
-    connect(args.address, args.namespace, num_cpus=args.num_cpus)
+
+
+def _exit_when_cut_off(node, every_s: float = 1.0) -> None:
+    """Exit 1 once the Ray node this process joined is cut off for good (its head restarted as a
+    new cluster, or it exited): whatever the main thread waits on there never answers, and the
+    supervisor's restart joins the new cluster, where the pool is then created again."""
+    while not node.ended():
+        time.sleep(every_s)
+    print(
+        "specdec target: the Ray node this process joined has ended (the head restarted or is gone): "
+        "exiting, to be restarted and join the cluster anew",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.stdout.flush()
+    node.__exit__()
+    os._exit(1)  # Ray's exit hooks would only wait on the lost cluster
+
+
+def _run(args: argparse.Namespace, config: ActorConfig, on_cluster: bool) -> int:
     cpus = args.cpus_per_actor
     if cpus is None:
         import ray
 
-        cpus = 1 if args.address else max(1, int(ray.cluster_resources().get("CPU", 1)) // args.replicas)
+        cpus = 1 if on_cluster else max(1, int(ray.cluster_resources().get("CPU", 1)) // args.replicas)
     if cpus < 1:
         print("specdec target: --cpus-per-actor must be >= 1", file=sys.stderr)
         return 2
@@ -140,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    if args.address and args.keep:
+    if on_cluster and args.keep:
         print(f"keeping the pool at {args.replicas} actors (checked every {args.keep:g} s)", flush=True)
         try:
             keep(config, args.replicas, args.name, args.namespace, args.keep, stop, args.drain_timeout)
@@ -148,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"specdec target: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         return 0
-    if args.address:
+    if on_cluster:
         return 0
     print("local Ray: serving until Ctrl-C", flush=True)
     stop.wait()

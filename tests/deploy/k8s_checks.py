@@ -298,11 +298,12 @@ def check_wiring(objs: list[dict]) -> list[str]:
                     f"Service {svc_name} sends port {port} to container port {numbers}, "
                     f"the draft listens on {draft.port}"
                 )
-    # coordinator -> the Ray head's GCS port (it joins as a node: never the client port, through
-    # which every verify call would pass); pool keeper -> the head's client port.
+    # coordinator and pool keeper -> the Ray head's GCS port (they join as nodes: never the
+    # client port, through which every verify call would pass, and a Ray Client's session is
+    # lost with the head).
     for who, address, scheme in (
         ("coordinator --ray-join", coordinator.ray_join, ""),
-        ("target-pool --address", pool.address, "ray://"),
+        ("target-pool --ray-join", pool.ray_join, ""),
     ):
         m = re.fullmatch(scheme + r"([a-z0-9-]+)-head-svc\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)", address or "")
         clusters = [
@@ -317,10 +318,9 @@ def check_wiring(objs: list[dict]) -> list[str]:
             )
             continue
         head = clusters[0]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-        wanted = "gcs-server" if who.startswith("coordinator") else "client"
         names = {p["containerPort"]: p.get("name") for p in head.get("ports", [])}
-        if names.get(int(m.group(3))) != wanted:
-            problems.append(f"{who}: port {m.group(3)} is not the Ray head's {wanted} port")
+        if names.get(int(m.group(3))) != "gcs-server":
+            problems.append(f"{who}: port {m.group(3)} is not the Ray head's gcs-server port")
         if m.group(2) != coordinator_ns:
             problems.append(f"{who}: namespace {m.group(2)} is not the deployment's ({coordinator_ns})")
     if (pool.name, pool.namespace) != (coordinator.target_pool, coordinator.namespace):

@@ -125,6 +125,21 @@ def test_coordinator_flags_and_environment_map_onto_the_config():
             parse_config(["--draft", "x:1", *argv], {})
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--ray-join", "ray://head:10001"],  # a GCS address, not a Ray Client one
+        ["--ray-join", "head"],
+        ["--ray-join", "head:6379", "--address", "ray://head:10001"],  # one way to join, not two
+    ],
+)
+def test_target_refuses_a_bad_ray_join_before_touching_ray(argv, capsys):
+    from specdec.target_service.__main__ import main as target_main
+
+    assert target_main(argv) == 2
+    assert "--ray-join" in capsys.readouterr().err
+
+
 def test_up_reads_the_engine_flags_as_the_coordinator_does(monkeypatch):
     from specdec.cli import app
     from specdec.coordinator.__main__ import parse_config
