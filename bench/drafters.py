@@ -11,6 +11,8 @@ to a server; for each request every arm runs once, in a fresh seeded order. Arms
   SPEC          any other drafter spec, e.g. hybrid:distilled or suffix:distilled (--arm)
   SPEC+tree     that drafter with the coordinator's token trees on (--token-tree): suffix
                 drafting answers trees of up to k nodes, verified in one pass
+  ARM@K         that arm with its requests drafting up to K tokens a round (the others: --k),
+                e.g. suffix@16: how the default k (--default-draft-tokens) pays, side by side
 
 Each arm has its own draft server, and a drafter that learns from completions (suffix, suffix:*)
 gets a fresh one for every set and pass, so its cache holds only what that arm served earlier in
@@ -50,11 +52,21 @@ from specdec.local.stack import LocalStack, StackConfig, draft_server_ready, spa
 
 POOL = "specdec-bench-drafters"
 TREE = "+tree"  # an arm suffix: the coordinator asks for token trees
+AT = "@"  # an arm suffix: @K, its requests' most draft tokens a round
 
 
 def _drafter(arm: str) -> str:
     """The draft server's spec of an arm."""
-    return arm.removesuffix(TREE)
+    return arm.split(AT)[0].removesuffix(TREE)
+
+
+def _tree(arm: str) -> bool:
+    return arm.split(AT)[0].endswith(TREE)
+
+
+def _k(arm: str, default: int) -> int:
+    """The most draft tokens an arm's requests ask for."""
+    return int(arm.split(AT)[1]) if AT in arm else default
 
 
 BASELINE = "target_only"
@@ -85,6 +97,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("passes", "prompts", "max_new_tokens", "k"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    for arm in args.arm:
+        k = arm.split(AT)[1] if AT in arm else "1"
+        if not k.isdigit() or not 1 <= int(k) <= 16:
+            p.error(f"--arm {arm}: the K of ARM@K must be an integer in [1, 16] (what a draft server serves)")
     return args
 
 
@@ -144,10 +160,11 @@ async def measure(args: argparse.Namespace) -> dict:
                         servers, clients = await _draft_servers(learners, warm_up)  # empty caches for every set
                         try:
                             drafts = fixed_clients | clients
-                            arms = {spec: (replace(config, token_tree=spec.endswith(TREE)), None) for spec in args.arm}
+                            arms = {spec: (replace(config, token_tree=_tree(spec)), None) for spec in args.arm}
                             async with coordinators(stack, args.target_model, arms, drafts) as stubs:
                                 methods = {BASELINE: stack_method(stubs["ngram"], False, args.k)}
-                                methods |= {spec: stack_method(stubs[spec], True, args.k) for spec in args.arm}
+                                for spec in args.arm:
+                                    methods[spec] = stack_method(stubs[spec], True, _k(spec, args.k))
                                 # First calls pay for lazy init; a learner's would fill its cache.
                                 for name in [m for m in methods if m not in learners] if first else []:
                                     await methods[name](warm_up, 4)

@@ -39,7 +39,9 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None) ->
     # (it must be set before ray is imported to take effect); our token is the one it finds.
     if os.environ.get("RAY_AUTH_MODE", "token") == "token":
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    ray.init(num_cpus=num_cpus, namespace=namespace, include_dashboard=False, log_to_driver=False)
+    # address="local": always a new cluster, never one a stale address file (a `ray start` that
+    # crashed, another test run) names.
+    ray.init(address="local", num_cpus=num_cpus, namespace=namespace, include_dashboard=False, log_to_driver=False)
 
 
 class RayNode:
