@@ -138,9 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"specdec target: cannot join the Ray cluster: {e}", file=sys.stderr)
         return 1
     threading.Thread(target=_exit_when_cut_off, args=(node,), daemon=True).start()
+    code = 1
     try:
-        return _run(args, config_from(args), on_cluster=True)
+        code = _run(args, config_from(args), on_cluster=True)
+        return code
     finally:
+        # A call that failed on a lost cluster can beat the watcher (it checks every 2 s) to it:
+        # leaving such a cluster gracefully would hang in Ray's shutdown.
+        deadline = time.monotonic() + (5.0 if code else 0.0)
+        while not node.ended() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if node.ended():
+            _exit_cut_off(node)
         node.__exit__()  # the node goes with the process
 
 
@@ -167,6 +176,10 @@ def _exit_when_cut_off(node, every_s: float = 1.0) -> None:
     supervisor's restart joins the new cluster, where the pool is then created again."""
     while not node.ended():
         time.sleep(every_s)
+    _exit_cut_off(node)
+
+
+def _exit_cut_off(node) -> None:
     print(
         "specdec target: the Ray node this process joined has ended (the head restarted or is gone): "
         "exiting, to be restarted and join the cluster anew",
