@@ -77,7 +77,7 @@ class TargetInfo(Protocol):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    default_draft_tokens: int = 4  # k for requests that leave speculation.max_draft_tokens at 0
+    default_draft_tokens: int = 8  # k for requests that leave speculation.max_draft_tokens at 0
     max_draft_tokens: int = 16  # the largest k a request may ask for
     pipeline: bool = True  # request round r+1's drafts while round r is verified
     # Ask the draft tier for token trees of up to k nodes (suffix drafting answers them; other
