@@ -87,7 +87,7 @@ def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     flag(
         "ray-join",
         None,
-        str,
+        flag_types.gcs_address,
         "GCS address (HOST:PORT) of the Ray cluster to join as a node of this process's own, with no CPUs "
         "or GPUs, running as a driver on it: verify calls then go to the actors directly, never through "
         "the head (Ray's ports must be open between this host and the cluster's); replaces --ray-address",
@@ -132,8 +132,6 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
     args = p.parse_args(argv)
     engine = engine_config(args, p.error)
     tls = None
-    if args.ray_join and (args.ray_join.startswith("ray://") or ":" not in args.ray_join):
-        p.error(f"--ray-join takes the cluster's GCS address HOST:PORT (the head's 6379), not {args.ray_join!r}")
     if bool(args.tls_cert) != bool(args.tls_key):
         p.error("--tls-cert and --tls-key go together")
     if args.tls_cert:

@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ray-join",
         default=None,
+        type=flag_types.gcs_address,
         metavar="HOST:PORT",
         help="GCS address of the Ray cluster to join as a node of this process's own (no CPUs or GPUs), "
         "instead of a Ray Client through the head's client server; replaces --address",
@@ -119,12 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"specdec target: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
-    if args.ray_join and (args.address or args.ray_join.startswith("ray://") or ":" not in args.ray_join):
-        print(
-            "specdec target: --ray-join takes the cluster's GCS address HOST:PORT (the head's 6379), "
-            f"without --address; got {args.ray_join!r}",
-            file=sys.stderr,
-        )
+    if args.ray_join and args.address:
+        print("specdec target: --ray-join replaces --address: give one of them", file=sys.stderr)
         return 2
     from specdec.target_service.ray_cluster import RayNode, connect
 

@@ -55,6 +55,13 @@ def port(text: str) -> int:
     return value
 
 
+def gcs_address(text: str) -> str:
+    """A Ray cluster's GCS address, HOST:PORT (the head's 6379): what a process joins as a node."""
+    if text.startswith("ray://") or ":" not in text:
+        raise argparse.ArgumentTypeError(f"takes the cluster's GCS address HOST:PORT (the head's 6379), not {text!r}")
+    return text
+
+
 AUTO = -1  # an int flag's "auto": the service decides from what it finds (its hardware, its tiers)
 
 
