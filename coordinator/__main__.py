@@ -259,13 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if node is not None:
-            lost = node.ended()
-            node.__exit__()  # the node goes with the process
-            if lost:
-                # Cut off from the cluster for good: Ray's exit hooks would only wait on it.
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(1)
+            node.leave()  # the node goes with the process (and the process, if cut off for good)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ With no address, a local Ray is started for the pool, and the command stays in t
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import threading
@@ -140,14 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _run(args, config_from(args), on_cluster=True)
         return code
     finally:
-        # A call that failed on a lost cluster can beat the watcher (it checks every 2 s) to it:
-        # leaving such a cluster gracefully would hang in Ray's shutdown.
-        deadline = time.monotonic() + (5.0 if code else 0.0)
-        while not node.ended() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if node.ended():
-            _exit_cut_off(node)
-        node.__exit__()  # the node goes with the process
+        node.leave(wait_s=5.0 if code else 0.0, why=_CUT_OFF)  # the node goes with the process
 
 
 def config_from(args: argparse.Namespace) -> ActorConfig:
@@ -167,25 +159,19 @@ def config_from(args: argparse.Namespace) -> ActorConfig:
     )
 
 
+_CUT_OFF = (
+    "specdec target: the Ray node this process joined has ended (the head restarted or is gone): "
+    "exiting, to be restarted and join the cluster anew"
+)
+
+
 def _exit_when_cut_off(node, every_s: float = 1.0) -> None:
     """Exit 1 once the Ray node this process joined is cut off for good (its head restarted as a
     new cluster, or it exited): whatever the main thread waits on there never answers, and the
     supervisor's restart joins the new cluster, where the pool is then created again."""
     while not node.ended():
         time.sleep(every_s)
-    _exit_cut_off(node)
-
-
-def _exit_cut_off(node) -> None:
-    print(
-        "specdec target: the Ray node this process joined has ended (the head restarted or is gone): "
-        "exiting, to be restarted and join the cluster anew",
-        file=sys.stderr,
-        flush=True,
-    )
-    sys.stdout.flush()
-    node.__exit__()
-    os._exit(1)  # Ray's exit hooks would only wait on the lost cluster
+    node.leave(why=_CUT_OFF)
 
 
 def _run(args: argparse.Namespace, config: ActorConfig, on_cluster: bool) -> int:

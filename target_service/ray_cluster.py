@@ -109,6 +109,24 @@ class RayNode:
         its driver keeps sending the new head requests it rejects, thousands a second)."""
         return self._replaced.is_set() or (self.process is not None and self.process.poll() is not None)
 
+    def leave(self, wait_s: float = 0.0, why: str = "") -> None:
+        """End the node, and the process too (exit status 1) where it is cut off from the cluster
+        for good (`ended`), printing `why`: Ray's exit hooks would only wait on the lost cluster,
+        and the supervisor's restart joins the new one. A call that failed on a lost cluster can
+        beat the watcher (it checks every `check_s`) to it: `wait_s` gives the watcher that long
+        to tell, since leaving such a cluster gracefully would hang in Ray's shutdown."""
+        deadline = time.monotonic() + wait_s
+        while not self.ended() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        lost = self.ended()
+        if lost and why:
+            print(why, file=sys.stderr, flush=True)
+        self.__exit__()
+        if lost:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
     def __exit__(self, *exc) -> None:
         self._left.set()
         replaced = self._replaced.is_set()
