@@ -15,6 +15,9 @@ judges them on held-out ones through the stack. Arms:
                 earlier occurrence of the context's last token, in the request or in an earlier
                 completion of the set, at no verification cost (no tree or score can pick better
                 from what was seen before)
+  oracle_longest the same among the occurrences that match the longest suffix of the context only:
+                a perfect choice among the candidates the context's evidence ranks first, which
+                is where a drafter's own choices are wrong (what a tree must cover)
   draft@m       with --draft: how often the target's next token is among the draft model's m most
                 likely (teacher-forced along the target's output): the first level of any tree of
                 that model's candidates is accepted at most that often
@@ -49,7 +52,8 @@ from specdec.draft_service.suffix import SuffixDrafter
 from specdec.drafts.loading import load_model
 from specdec.runtime.models import LoadedModel
 
-ARMS = ("ngram", "suffix", "suffix+tree", "oracle")
+ARMS = ("ngram", "suffix", "suffix+tree", "oracle", "oracle_longest")
+ORACLES = ("oracle", "oracle_longest")
 DRAFT_TOP = (1, 2, 4, 8)
 
 
@@ -112,9 +116,13 @@ def accepted(tokens: Sequence[int], parents: Sequence[int], truth: Sequence[int]
     return len(path)
 
 
-def oracle(context: Sequence[int], earlier: Sequence[Sequence[int]], truth: Sequence[int]) -> int:
-    """The longest prefix of `truth` that follows any earlier occurrence of the context's last token."""
-    best = 0
+def oracle(
+    context: Sequence[int], earlier: Sequence[Sequence[int]], truth: Sequence[int], *, longest: bool = False
+) -> int:
+    """The longest prefix of `truth` that follows any earlier occurrence of the context's last token
+    (`longest`: any occurrence among those matching the longest suffix of the context, up to 32
+    tokens, that any occurrence matches)."""
+    found: list[tuple[int, int]] = []  # (context suffix matched, prefix of truth that follows)
     sources = [(context[:-1], context), *((text, text) for text in earlier)]  # (where to look, what follows)
     for where, text in sources:
         for at, token in enumerate(where):
@@ -123,8 +131,14 @@ def oracle(context: Sequence[int], earlier: Sequence[Sequence[int]], truth: Sequ
             n = 0
             while n < len(truth) and at + 1 + n < len(text) and text[at + 1 + n] == truth[n]:
                 n += 1
-            best = max(best, n)
-    return best
+            matched = 1
+            while longest and matched < min(32, at + 1, len(context)) and text[at - matched] == context[-1 - matched]:
+                matched += 1
+            found.append((matched, n))
+    if not found:
+        return 0
+    evidence = max(matched for matched, _ in found)
+    return max(n for matched, n in found if matched == evidence)
 
 
 def replay(requests: list[dict[str, list[int]]], arm: str, args: argparse.Namespace) -> dict[str, float]:
@@ -148,8 +162,8 @@ def replay(requests: list[dict[str, list[int]]], arm: str, args: argparse.Namesp
         done = 0
         while done < len(output):
             truth = output[done:]
-            if arm == "oracle":
-                hit, positions = oracle(context, earlier, truth[: args.k]), 1
+            if arm in ORACLES:
+                hit, positions = oracle(context, earlier, truth[: args.k], longest=arm == "oracle_longest"), 1
             else:
                 k = policy.plan(args.k, 1).k
                 draft, parents = _propose(arm, ngram, suffix, context, k) if k > 0 else ([], [])
@@ -230,7 +244,7 @@ def print_report(results: dict) -> None:
         coverage = row.get("draft_coverage")
         extra = "  " + " ".join(f"{k} {v:.0%}" for k, v in coverage.items()) if coverage else ""
         print(f"{name:<18} {cells}{extra}")
-    print("cells: tokens per round, and per priced round over n-gram's (n); the oracle's rounds cost nothing")
+    print("cells: tokens per round, and per priced round over n-gram's (n); the oracles' rounds cost nothing")
 
 
 def main(argv: list[str] | None = None) -> int:

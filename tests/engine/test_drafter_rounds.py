@@ -28,6 +28,17 @@ def test_the_oracle_takes_the_best_continuation_of_any_earlier_occurrence():
     assert drafter_rounds.oracle([1, 2, 3], [], [1]) == 0  # the last token itself is no occurrence
 
 
+def test_the_longest_match_oracle_chooses_only_among_the_best_matched_occurrences():
+    # "3" follows "2" once (then 10 11) and stands alone once (then 20); the context ends "2 3".
+    context = [2, 3, 10, 11, 3, 20, 2, 3]
+    assert drafter_rounds.oracle(context, [], [20, 5]) == 1
+    assert drafter_rounds.oracle(context, [], [20, 5], longest=True) == 0  # "3 20" matched one token only
+    assert drafter_rounds.oracle(context, [], [10, 11, 12], longest=True) == 2
+    # An earlier completion matching three tokens outranks the context's two-token match.
+    assert drafter_rounds.oracle(context, [[20, 2, 3, 30]], [10, 11], longest=True) == 0
+    assert drafter_rounds.oracle(context, [[20, 2, 3, 30]], [30], longest=True) == 1
+
+
 def test_the_replay_runs_every_arm_on_a_tiny_target(tiny_dir, tmp_path):
     out, outputs = tmp_path / "rounds.json", tmp_path / "outputs.json"
     argv = [
