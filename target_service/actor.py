@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import ray
@@ -53,11 +54,12 @@ class ActorConfig:
     kv_cache_bytes: int | None = None  # the KV pool; None: 90% of free GPU memory, a quarter of free RAM
     max_pass_tokens: int = DEFAULT_PASS_TOKENS  # new tokens per forward pass (longer prefills go in chunks)
     compile: str = "off"  # decode-shaped passes through torch.compile: off, inductor, cudagraphs (CUDA)
-    # When the last pass served several rounds, an idle worker waits this long for the rest of
-    # the next burst: calls sent together reach the actor a few ms apart, and without it the
-    # first goes alone and the rest in a second pass (docs/performance.md). A lone stream's
-    # passes hold one round, so it never waits.
-    gather_s: float = 0.003
+    # Before a pass, the worker waits for the sessions answered by the last pass to send their
+    # next rounds (each coordinator answers its streams one after another, a few ms apart), at
+    # most `gather_fraction` of the last pass's time and never past `gather_s`: a round that
+    # misses a pass waits a whole pass, so waiting a fraction of one for it is cheaper.
+    gather_s: float = 0.05
+    gather_fraction: float = 0.5
     max_sessions: int = 256  # cached sessions per actor (LRU beyond)
     max_cached_tokens: int = 262_144  # summed cached positions per actor (LRU beyond)
     session_ttl_s: float = 600.0  # idle sessions expire (a coordinator that died never ends them)
@@ -75,10 +77,10 @@ class TargetActor:
         self.config = config
         self._spans = configure_tracing("specdec-target", memory=config.trace_in_memory, file=config.trace_file)
         cuda = torch.cuda.is_available()
-        if not cuda:
-            # Ray sets OMP_NUM_THREADS to the actor's CPU reservation (1 unless told): without
-            # this a CPU target would run its matmuls on one core of however many it holds.
-            torch.set_num_threads(config.cpus)
+        # Ray sets OMP_NUM_THREADS to the actor's CPU reservation (1 unless told): without this
+        # a CPU target would run its matmuls on one core of however many it holds.
+        threads = torch.get_num_threads() if cuda else config.cpus
+        torch.set_num_threads(threads)
         dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
         self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
         store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=cached_tokens)
@@ -87,6 +89,15 @@ class TargetActor:
         )
         self._queue: list[_Round] = []
         self._running = 0  # rounds in the pass now running
+        # Every pass runs on this one thread: torch's OpenMP team belongs to the thread that
+        # starts it, so passes on changing threads would keep several teams on the same cores.
+        self._pass_thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="specdec-pass", initializer=torch.set_num_threads, initargs=(threads,)
+        )
+        # Sessions the last pass answered that have not sent their next round (nor ended), and
+        # how long that pass took: what the worker gathers for (`_gather`).
+        self._expected: set[str] = set()
+        self._last_pass_s = 0.0
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         # The latest forward passes' batch sizes (for tests and benchmarks), bounded.
@@ -167,6 +178,7 @@ class TargetActor:
         return await future
 
     def end_session(self, session_id: str) -> None:
+        self._expected.discard(session_id)
         self.verifier.end_session(session_id)
         self._gauges()
 
@@ -190,24 +202,46 @@ class TargetActor:
         ]
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await self._wakeup.wait()
+            if not self._queue:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            await self._gather()
+            batch, self._queue = self._queue[: self.config.max_batch], self._queue[self.config.max_batch :]
+            metrics.QUEUE_DEPTH.set(len(self._queue))
+            self._running = len(batch)
+            started = time.perf_counter()
+            try:
+                await loop.run_in_executor(self._pass_thread, self._step, batch)
+            except Exception as error:  # a failed pass fails its rounds, never the worker
+                for round_ in batch:
+                    round_.fail(error)
+            self._last_pass_s = time.perf_counter() - started
+            self._running = 0
+            self._gauges()
+            # Rounds the pass did not finish keep their place at the head of the queue.
+            self._queue = [round_ for round_ in batch if not round_.settled] + self._queue
+            self._expected = {r.request.session_id for r in batch if r.answered} - self._queued_sessions()
+
+    async def _gather(self) -> None:
+        """Wait until every session in `_expected` has queued its round, the batch is full, or
+        the gathering time is up."""
+        wait = min(self.config.gather_s, self.config.gather_fraction * self._last_pass_s)
+        deadline = asyncio.get_running_loop().time() + wait
+        while self._expected - self._queued_sessions() and len(self._queue) < self.config.max_batch:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
             self._wakeup.clear()
-            if self.batch_sizes and self.batch_sizes[-1] > 1 and len(self._queue) < self.config.max_batch:
-                await asyncio.sleep(self.config.gather_s)
-            while self._queue:
-                batch, self._queue = self._queue[: self.config.max_batch], self._queue[self.config.max_batch :]
-                metrics.QUEUE_DEPTH.set(len(self._queue))
-                self._running = len(batch)
-                try:
-                    await asyncio.to_thread(self._step, batch)
-                except Exception as error:  # a failed pass fails its rounds, never the worker
-                    for round_ in batch:
-                        round_.fail(error)
-                self._running = 0
-                self._gauges()
-                # Rounds the pass did not finish keep their place at the head of the queue.
-                self._queue = [round_ for round_ in batch if not round_.settled] + self._queue
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), left)
+            except TimeoutError:
+                return
+
+    def _queued_sessions(self) -> set[str]:
+        return {round_.request.session_id for round_ in self._queue}
 
     def _step(self, batch: list[_Round]) -> None:
         """One engine pass over `batch` (in the worker thread); settles the rounds it finishes."""
@@ -243,6 +277,7 @@ class TargetActor:
                         "specdec.context_tokens": len(round_.item.tokens),
                     }
                 )
+                round_.answered = True
                 round_.settle(VerifyReply(result, held=len(round_.item.tokens) + result.num_accepted))
 
     def _admit(self, round_: _Round) -> bool:
@@ -293,6 +328,7 @@ class _Round:
     span: trace.Span | None = None
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     settled: bool = False  # set at once in the worker thread; the future follows on the loop
+    answered: bool = False  # settled with a verification: its session will likely send another round
 
     def settle(self, reply: VerifyReply | None, error: Exception | None = None) -> None:
         """Answer `reply`, or raise `error` to the caller when there is no reply; either way the
