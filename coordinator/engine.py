@@ -119,6 +119,7 @@ class GenerationRequest:
     speculate: bool = True  # False: k = 0, plain decoding
     max_draft_tokens: int = 0  # 0: the server's default k
     cache_affinity_key: str = ""  # requests with one key draft on one draft replica; "": by session
+    ignore_eos: bool = False  # generate past EOS, to max_new_tokens or a stop string (benchmarks)
 
 
 class FinishReason(Enum):
@@ -379,7 +380,8 @@ class _Generation:
         self.max_context = engine.target.max_context
         self.k_max = (request.max_draft_tokens or cfg.default_draft_tokens) if request.speculate else 0
         self.session_id = uuid.uuid4().hex
-        self.output = OutputText(engine.target.tokenizer, engine.target.eos_token_ids, request.stop)
+        eos = () if request.ignore_eos else engine.target.eos_token_ids
+        self.output = OutputText(engine.target.tokenizer, eos, request.stop)
         self.stats = SpeculationStats()
         self.policy = DraftLengthPolicy(cfg, engine.costs, engine.draft_sources, greedy=request.sampling.greedy)
         self.drafts = DraftSide(

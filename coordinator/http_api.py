@@ -140,7 +140,7 @@ class HttpApi:
             watcher.cancel()
             return Response(status_code=499, headers=headers)
         headers["x-trace-id"] = first[1]
-        reply = oai.Reply(kind, id_prefix + call_id, self.served_model)
+        reply = oai.Reply(kind, id_prefix + call_id, self.served_model, return_token_ids=parsed.return_token_ids)
         if parsed.stream:
             return _EventStream(_events(generation, parsed, reply, first[0]), generation, watcher, headers)
         try:

@@ -48,7 +48,19 @@ _NEUTRAL: dict[str, tuple] = {
     "modalities": (["text"],),
 }
 _COMMON = frozenset(
-    {"model", "stream", "stream_options", "temperature", "top_p", "top_k", "seed", "stop", "speculation"}
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "speculation",
+        "ignore_eos",
+        "return_token_ids",
+    }
 )
 _KNOWN = {
     COMPLETIONS: _COMMON | {"prompt", "max_tokens"},
@@ -68,6 +80,7 @@ class HttpRequest:
     generation: GenerationRequest
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
+    return_token_ids: bool = False  # vLLM's extension: each choice also carries its token ids
     params: dict[str, str] = field(default_factory=dict)  # engine field -> the request's name for it
 
     def http_param(self, engine_field: str) -> str:
@@ -113,6 +126,7 @@ def parse(kind: str, body: Any, served_model: str) -> HttpRequest:
             seed=_typed(body, "seed", int, None),
         ),
         stop=_stop(body.get("stop")),
+        ignore_eos=_typed(body, "ignore_eos", bool, False),
     )
     _speculation(body.get("speculation"), generation)
     if kind == COMPLETIONS:
@@ -123,7 +137,8 @@ def parse(kind: str, body: Any, served_model: str) -> HttpRequest:
         generation.messages = _messages(body.get("messages"))
         generation.max_new_tokens, name = _max_completion_tokens(body)
         params.update({"prompt": "messages", "max_new_tokens": name})
-    return HttpRequest(kind, generation, stream, include_usage, params)
+    return_ids = _typed(body, "return_token_ids", bool, False)
+    return HttpRequest(kind, generation, stream, include_usage, params=params, return_token_ids=return_ids)
 
 
 def _typed(body: dict, name: str, kind: type, default, prefix: str = ""):
@@ -244,6 +259,7 @@ class Reply:
     id: str
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    return_token_ids: bool = False  # each choice carries `token_ids` (a chunk's: its delta's)
 
     def chunk(self, delta: Delta | None, first: bool = False) -> dict:
         """One streamed chunk: `delta`'s text (the chat stream's first chunk names the role)."""
@@ -254,6 +270,8 @@ class Reply:
         else:
             choice = {"index": 0, "text": text}
         choice.update({"logprobs": None, "finish_reason": finish})
+        if self.return_token_ids:
+            choice["token_ids"] = list(delta.token_ids) if delta is not None else []
         out = self._chunk_head([choice])
         if finish is not None:
             out["speculation"] = speculation(delta)
@@ -278,6 +296,8 @@ class Reply:
         else:
             choice = {"index": 0, "text": final.text}
         choice.update({"logprobs": None, "finish_reason": final.finish_reason.value})
+        if self.return_token_ids:
+            choice["token_ids"] = list(final.token_ids)
         return {
             "id": self.id,
             "object": self.kind,
