@@ -37,9 +37,11 @@ from specdec.core.acceptance import (
 from specdec.core.sampling import SamplingParams, warp
 from specdec.core.session_store import SessionStore
 from specdec.runtime.compiled import compile_decoder
+from specdec.runtime.greedy_head import GreedyHead
 from specdec.runtime.kv_pool import PagedSession
 from specdec.runtime.models import LoadedModel
-from specdec.runtime.ragged import IMPLEMENTATION, Row, paged_pool, ragged_forward
+from specdec.runtime.projection import final_softcap, head_logits, splits
+from specdec.runtime.ragged import IMPLEMENTATION, Row, paged_pool, ragged_forward, ragged_hidden
 
 DEFAULT_PASS_TOKENS = 256  # new tokens per pass: a prefill beyond it goes in chunks
 
@@ -74,6 +76,11 @@ class TargetVerifier:
         if self.decoder is not None:
             self._warm_up()
         self._vocab_in = loaded.model.get_input_embeddings().num_embeddings
+        # Greedy passes find the argmax through a bf16 screen of the output projection (exact:
+        # specdec.runtime.greedy_head); a final softcap could tie logits the screen tells apart.
+        model, head = loaded.model, loaded.model.get_output_embeddings()
+        screens = splits(model) and final_softcap(model) is None and GreedyHead.supported(head)
+        self.greedy_head = GreedyHead(head) if screens else None
         # Unbounded unless the owner passes a bounded store (the actor does: LRU, TTL, tokens).
         self.sessions = sessions if sessions is not None else SessionStore(size=cached_tokens)
         self.sessions.on_remove = lambda session: self.pool.release(session.table)
@@ -132,8 +139,7 @@ class TargetVerifier:
                         finals.append((i, session))
                     budget -= len(new)
             if rows:
-                logits = ragged_forward(self.loaded.model, self.pool, rows, self.decoder)
-                self._decide(items, finals, logits, results)
+                self._decide(items, finals, self._forward(rows, items, finals), results)
         finally:
             self.sessions.pinned = set()
         return results
@@ -212,16 +218,27 @@ class TargetVerifier:
         self.pool.extend(session, new)
         return True
 
-    def _decide(self, items, finals, logits: torch.Tensor, results) -> None:
-        """Acceptance for every deciding row on the device, one host sync, then the rollbacks."""
+    def _forward(self, rows: list[Row], items, finals) -> torch.Tensor:
+        """The pass: the logits of the kept positions, (kept, vocab), or, when every deciding row
+        is greedy and the head screens (`GreedyHead`), just their argmax, (kept,)."""
+        model = self.loaded.model
+        if self.greedy_head is None or not all(items[i].sampling.greedy for i, _ in finals):
+            return ragged_forward(model, self.pool, rows, self.decoder)
+        hidden = ragged_hidden(model, self.pool, rows, self.decoder)  # (kept, d)
+        return self.greedy_head.argmax(hidden, lambda h: head_logits(model, h))
+
+    def _decide(self, items, finals, out: torch.Tensor, results) -> None:
+        """Acceptance for every deciding row on the device, one host sync, then the rollbacks.
+        `out`: what `_forward` gave, logits or (all rows greedy) the argmax already."""
         decisions, start = [], 0
+        # Greedy rows share one argmax over every kept position (one kernel, not one a row).
+        argmax = out if out.dim() == 1 else greedy_decisions(out)
         for i, _ in finals:
             item = items[i]
             k = len(item.proposal.token_ids)
-            rows = logits[start : start + k + 1]
-            start += k + 1
+            rows = out[start : start + k + 1]  # (k+1, vocab) when any row samples
             if item.sampling.greedy:
-                decisions.append(greedy_decisions(rows))  # a tree's walk takes the argmax at each node too
+                decisions.append(argmax[start : start + k + 1])  # a tree's walk takes the argmax at each node too
             elif _tree_of(item.proposal) is not None:
                 probs = warp(rows, item.sampling)
                 decisions.append(tree_decisions(probs, item.proposal, item.sampling.seed, len(item.tokens)))
@@ -231,6 +248,7 @@ class TargetVerifier:
                     item.proposal.token_ids, _match_vocab(item.proposal.draft_probs, probs.shape[-1])
                 )
                 decisions.append(sampled_decisions(probs, proposal, item.sampling.seed, len(item.tokens)))
+            start += k + 1
         values = _to_host(torch.cat(decisions)) if decisions else []  # the pass's one host sync
         start = 0
         for (i, session), decided in zip(finals, decisions):

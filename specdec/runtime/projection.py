@@ -48,16 +48,37 @@ def forward_logits(
     `keep`: the last `keep` positions, or a tensor of position indices. `decoder`: what runs in
     place of `model.base_model` (a compiled twin, `specdec.runtime.compiled`). Returns
     (B, kept, vocab)."""
-    head = model.get_output_embeddings()
-    if model.config.model_type not in _KNOWN or type(head) not in (nn.Linear, _ColumnLinear):
+    if not splits(model):
         return model(**inputs, logits_to_keep=keep).logits
+    return head_logits(model, forward_hidden(model, keep, decoder, **inputs))
+
+
+def splits(model: PreTrainedModel) -> bool:
+    """The model's forward is base model -> kept rows -> a linear head (-> a final softcap), so
+    `forward_hidden` and `head_logits` can run it in two parts."""
+    head = model.get_output_embeddings()
+    return model.config.model_type in _KNOWN and type(head) in (nn.Linear, _ColumnLinear)
+
+
+def forward_hidden(
+    model: PreTrainedModel, keep: int | torch.Tensor, decoder: Callable | None = None, **inputs
+) -> torch.Tensor:
+    """The final hidden states at the kept positions, (B, kept, d), of a model that `splits`."""
     hidden = (model.base_model if decoder is None else decoder)(**inputs).last_hidden_state  # (B, N, d)
-    hidden = hidden[:, -keep:] if isinstance(keep, int) else hidden[:, keep]
-    logits = project(head, hidden)
-    softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    return hidden[:, -keep:] if isinstance(keep, int) else hidden[:, keep]
+
+
+def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
+    """The logits of hidden states (..., d) from `forward_hidden`: (..., vocab)."""
+    logits = project(model.get_output_embeddings(), hidden)
+    softcap = final_softcap(model)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
     return logits
+
+
+def final_softcap(model: PreTrainedModel) -> float | None:
+    return getattr(model.config.get_text_config(), "final_logit_softcapping", None)
 
 
 def project(head: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:

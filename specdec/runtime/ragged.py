@@ -33,7 +33,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from specdec.core import tree
 from specdec.runtime.compiled import Decoder
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape, default_budget
-from specdec.runtime.projection import forward_logits
+from specdec.runtime.projection import forward_hidden, forward_logits
 
 IMPLEMENTATION = "specdec_paged"
 _SHORT = 16  # rows with at most this many new tokens attend together
@@ -100,6 +100,21 @@ def ragged_forward(
     """Run `rows` through the model in one pass, writing their states into the pool. Returns the
     logits of every row's kept positions, concatenated in row order: (sum of keep, vocab).
     `decoder`: a compiled twin of the model's decoder, run when the pass is decode-shaped."""
+    keep, decoder, inputs = _pass(model, pool, rows, decoder)
+    return forward_logits(model, keep, decoder, **inputs)[0]
+
+
+def ragged_hidden(
+    model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row], decoder: Decoder | None = None
+) -> torch.Tensor:
+    """`ragged_forward` up to the output projection, for a model that `projection.splits`: the
+    final hidden states of the kept positions, (sum of keep, d)."""
+    keep, decoder, inputs = _pass(model, pool, rows, decoder)
+    return forward_hidden(model, keep, decoder, **inputs)[0]
+
+
+def _pass(model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row], decoder: Decoder | None):
+    """(kept positions, decoder, inputs) of one pass over `rows`, for `forward_logits` and kin."""
     device = pool.device
     ids, positions, new_slots, kept = [], [], [], []
     for row in rows:
@@ -109,17 +124,15 @@ def ragged_forward(
         positions.extend(_positions(row))
         new_slots.extend(pool.slots(row.table, start, row.table.length))
     layout = PassLayout(pool, _tensor(new_slots, device), _groups(pool, rows), len(ids))
-    return forward_logits(
-        model,
-        _tensor(kept, device),
-        decoder if decoder is not None and decode_shaped(rows) else None,
+    inputs = dict(
         input_ids=_tensor(ids, device).unsqueeze(0),
         position_ids=_tensor(positions, device).unsqueeze(0),
         # A 4D mask is taken as given by transformers' mask builders, so they build none.
         attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
         use_cache=False,
         specdec_pass=layout,
-    )[0]
+    )
+    return _tensor(kept, device), decoder if decoder is not None and decode_shaped(rows) else None, inputs
 
 
 def decode_shaped(rows: Sequence[Row]) -> bool:

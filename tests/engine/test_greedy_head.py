@@ -1,0 +1,98 @@
+"""The bf16-screened greedy head gives the argmax of the full fp32 projection, including where
+bf16 cannot tell the top tokens apart, and the verifier uses it only where it is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from specdec.core.acceptance import DraftProposal
+from specdec.core.sampling import SamplingParams
+from specdec.runtime.greedy_head import GreedyHead
+from specdec.target_service.verifier import TargetVerifier, VerifyItem
+
+MiB = 1 << 20
+
+
+def _head(vocab: int, d: int, bias: bool, seed: int) -> nn.Linear:
+    torch.manual_seed(seed)
+    head = nn.Linear(d, vocab, bias=bias)
+    return head.requires_grad_(False)
+
+
+def test_the_bf16_screen_is_supported_on_this_cpu():
+    """The CI machines are x86_64 CPUs whose oneDNN has a bf16 GEMM: the screen must run there."""
+    assert GreedyHead.supported(nn.Linear(8, 16))
+    assert not GreedyHead.supported(nn.Linear(8, 16).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@torch.inference_mode()
+def test_screened_argmax_equals_the_full_fp32_argmax(bias):
+    head = _head(4096, 64, bias, seed=0)
+    screen = GreedyHead(head)
+    hidden = torch.randn(300, 64) * 3  # (rows, d)
+    full = torch.argmax(head(hidden), dim=-1)
+    assert torch.equal(screen.argmax(hidden, head), full)
+
+
+@torch.inference_mode()
+def test_near_ties_that_bf16_rounds_together_are_decided_in_fp32():
+    """Token 7's weight is token 900's plus 1e-4 along h: in bf16 both rows round alike and the
+    screen's logits tie, so only the fp32 recomputation finds 7; and the reverse (900 ahead)."""
+    head = _head(1024, 32, False, seed=1)
+    hidden = torch.randn(2, 32)
+    direction = hidden / hidden.norm(dim=1, keepdim=True)
+    w = head.weight
+    w[900] = direction[0] * 50
+    w[7] = w[900] + 1e-4 * direction[0]
+    w[300] = direction[1] * 50
+    w[5] = w[300] - 1e-4 * direction[1]
+    screen = GreedyHead(head)
+    assert screen.argmax(hidden, head).tolist() == [7, 300]
+    assert torch.argmax(head(hidden), dim=-1).tolist() == [7, 300]
+
+
+@torch.inference_mode()
+def test_exact_ties_go_to_the_lowest_id_as_torch_argmax_breaks_them():
+    head = _head(512, 16, False, seed=2)
+    head.weight[400] = head.weight[20] = head.weight[100] * 0 + 5.0
+    hidden = torch.ones(1, 16)
+    assert torch.argmax(head(hidden), dim=-1).item() == 20
+    assert GreedyHead(head).argmax(hidden, head).item() == 20
+
+
+@torch.inference_mode()
+def test_too_many_survivors_fall_back_to_the_full_product():
+    """Every token equal: the whole vocabulary survives the screen, past its limit of recomputed
+    positions, so the full projection decides (and still breaks the tie to token 0)."""
+    head = _head(70_000, 8, False, seed=3)
+    head.weight.fill_(0.25)
+    calls = []
+
+    def project(h):
+        calls.append(h.shape)
+        return head(h)
+
+    assert GreedyHead(head).argmax(torch.ones(1, 8), project).item() == 0
+    assert calls == [torch.Size([1, 8])]
+
+
+@torch.inference_mode()
+def test_the_verifier_screens_greedy_passes_and_keeps_full_logits_for_sampled(tiny):
+    """A verifier on a tiny model holds the screen; greedy and sampled rounds side by side in one
+    pass give what each gives alone."""
+    loaded = tiny("llama", 1)
+    verifier = TargetVerifier(loaded, kv_cache_bytes=4 * MiB)
+    assert verifier.greedy_head is not None
+    prompt = list(range(5, 25))
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=0.8, seed=3)
+    alone = [
+        verifier.verify(f"alone-{i}", prompt, DraftProposal([9, 9]), sampling)
+        for i, sampling in enumerate((greedy, sampled))
+    ]
+    together = verifier.verify_batch(
+        [VerifyItem(f"both-{i}", prompt, DraftProposal([9, 9]), s) for i, s in enumerate((greedy, sampled))]
+    )
+    assert [v.accepted_ids for v in together] == [v.accepted_ids for v in alone]
