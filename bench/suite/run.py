@@ -26,6 +26,7 @@ import asyncio
 import datetime
 import importlib.util
 import json
+import os
 import platform
 import sys
 from dataclasses import replace
@@ -40,7 +41,7 @@ from tqdm import tqdm
 from specdec.bench import prompts as workloads
 from specdec.bench.single_process import _git_commit
 from specdec.bench.stack import coordinators, drafter_spec, stack_method
-from specdec.bench.suite import batch1, concurrency, plots, report
+from specdec.bench.suite import batch1, concurrency, plots, report, serving
 from specdec.bench.suite.batch1 import Prompt
 from specdec.bench.suite.peer import hf_methods
 from specdec.bench.suite.spans import read_requests
@@ -85,6 +86,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--no-hybrid", action="store_true", help="leave out the hybrid arm (prompt lookup + the model drafter)"
     )
     p.add_argument("--no-peer", action="store_true", help="leave out transformers' methods")
+    p.add_argument(
+        "--peer",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="vllm: compare servers instead, `specdec up` against vLLM's OpenAI server through one client "
+        "(bench/suite/serving.py; --concurrency, --repeats, --max-new-tokens apply) (default transformers)",
+    )
+    p.add_argument("--peer-url", default=None, help="a vLLM OpenAI server already running (implies --peer vllm)")
+    p.add_argument(
+        "--peer-python",
+        default=os.environ.get("SPECDEC_VLLM_PYTHON", "python3"),
+        help="the Python of vLLM's own venv (default $SPECDEC_VLLM_PYTHON, else python3)",
+    )
+    p.add_argument("--peer-ngram", type=int, default=0, help="also run vLLM with its n-gram speculation at k N")
+    p.add_argument(
+        "--peer-sets",
+        default="free,free_heldout,similar_heldout",
+        help=f"prompt sets of the server comparison, comma separated, of {', '.join(serving.SETS)} "
+        "(default free,free_heldout,similar_heldout)",
+    )
+    p.add_argument("--peer-prompts", type=int, default=4, help="prompts per set in the server comparison (default 4)")
+    p.add_argument("--peer-kv-gib", type=int, default=2, help="each server's KV cache in GiB (default 2)")
     p.add_argument(
         "--concurrency", default="1,4,16,64", help="stream counts, comma separated; none to skip (default 1,4,16,64)"
     )
@@ -144,7 +167,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--load-aware-budget and --load-aware-running must be >= 0")
     if any(n < 1 or n > 64 for n in args.concurrency):
         p.error("--concurrency: stream counts must be 1..64 (the coordinator's max_inflight)")
+    if args.peer_url:
+        args.peer = "vllm"
+    args.peer_sets = [name for name in args.peer_sets.split(",") if name]
+    if args.peer == "vllm" and (not args.concurrency or set(args.peer_sets) - set(serving.SETS)):
+        p.error(f"--peer vllm: --peer-sets must name some of {', '.join(serving.SETS)}, --concurrency some levels")
     for name in (
+        "peer_prompts",
+        "peer_kv_gib",
         "prompts",
         "repeats",
         "max_new_tokens",
@@ -300,6 +330,8 @@ def _model_drafter(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.peer == "vllm":
+        return serving.main(args)
     results = asyncio.run(run(args))
     out_dir = Path(args.out)
     text = json.dumps(results, indent=1)

@@ -1,0 +1,312 @@
+"""Servers side by side: `specdec up` against vLLM's OpenAI server, through one OpenAI client.
+
+What a user choosing a server measures: the same prompts (as token ids, so both tokenize alike)
+sent to each server's `/v1/completions`, streamed, greedy, `ignore_eos` so that every request
+makes exactly `max_tokens` tokens, serially and as N concurrent streams. Arms:
+
+  specdec_off   `specdec up`'s HTTP API, speculation off per request (target-only through our stack)
+  specdec       the same server, its default drafter
+  vllm          vLLM's OpenAI server on the same model directory, no speculation
+  vllm_ngram    a second vLLM server with its n-gram speculation (`--peer-ngram K`), when asked
+  transformers  transformers' own `generate`, greedy, in this process, at one stream only
+
+Each repeat runs every arm once per (prompt set, concurrency) in a fresh seeded order, so a busy
+neighbour slows all alike; each figure is the median over repeats. With m prompts, each of N
+streams runs max(1, m // N) requests back to back, stream i starting at prompt i. Per level:
+tokens/s (all tokens over the wave's wall time), time to first token and inter-token latency
+(the gaps between streamed chunks; a speculative chunk may hold several tokens) at p50 / p99
+over the repeats' requests. Every output is compared token for token with the first
+`specdec_off` output of its prompt (both servers return token ids: `return_token_ids`); a run with
+any difference exits with status 1.
+
+Only one arm runs at a time; the other servers sit idle beside it (each polls, well under 1 % of
+a core). vLLM is not a dependency: it runs from the Python named by `--peer-python` (a venv of its
+own, bench/README.md), or a server already running at `--peer-url`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.bench.suite.servers import Server
+
+ARMS = ("specdec_off", "specdec", "vllm", "vllm_ngram", "transformers")
+
+
+@dataclass
+class Streamed:
+    prompt: int
+    started: float
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (seconds since start, tokens)
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.chunks[0][0] - self.started
+
+    @property
+    def gaps(self) -> list[float]:
+        times = [t for t, _ in self.chunks]
+        return [b - a for a, b in zip(times, times[1:])]
+
+
+async def _stream(http, server: Server, prompt: int, ids: list[int], new_tokens: int, t0: float) -> Streamed:
+    body = {
+        "model": server.model,
+        "prompt": ids,
+        "max_tokens": new_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": True,
+        **server.extra,
+    }
+    out = Streamed(prompt, time.perf_counter() - t0)
+    async with http.stream("POST", server.url + "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{server.url}: HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[6:]).get("choices", ()):
+                ids_ = choice.get("token_ids") or []
+                if ids_:
+                    out.chunks.append((time.perf_counter() - t0, len(ids_)))
+                    out.token_ids.extend(ids_)
+    return out
+
+
+async def wave(server: Server, prompts: list[list[int]], streams: int, new_tokens: int) -> tuple[list[Streamed], float]:
+    """`streams` clients at once, each running its share of `prompts` back to back."""
+    import httpx2
+
+    per_stream = max(1, len(prompts) // streams)
+    limits = httpx2.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
+    async with httpx2.AsyncClient(timeout=1800, limits=limits) as http:
+        await _stream(http, server, 0, prompts[0], 2, time.perf_counter())  # connect, warm up
+
+        async def client(i: int) -> list[Streamed]:
+            done = []
+            for j in range(per_stream):
+                p = (i + j * streams) % len(prompts)
+                done.append(await _stream(http, server, p, prompts[p], new_tokens, t0))
+            return done
+
+        t0 = time.perf_counter()
+        runs = [r for rs in await asyncio.gather(*(client(i) for i in range(streams))) for r in rs]
+        return runs, time.perf_counter() - t0
+
+
+def transformers_wave(model, prompts: list[list[int]], new_tokens: int) -> tuple[list[Streamed], float]:
+    """transformers' `generate`, greedy, EOS off, one prompt after another (no stream: one chunk)."""
+    import torch
+
+    runs, t0 = [], time.perf_counter()
+    for p, ids in enumerate(prompts):
+        started = time.perf_counter() - t0
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([ids]), do_sample=False, max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None
+            )
+        run = Streamed(p, started, token_ids=out[0, len(ids) :].tolist())
+        run.chunks.append((time.perf_counter() - t0, len(run.token_ids)))
+        runs.append(run)
+    return runs, time.perf_counter() - t0
+
+
+def summarise(runs: list[Streamed], seconds: list[float], tokens: list[int]) -> dict:
+    gaps = sorted(g for r in runs for g in r.gaps)
+    ttfts = sorted(r.ttft for r in runs)
+    return {
+        "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds)),
+        "ttft_p50_ms": 1000 * _pct(ttfts, 50),
+        "ttft_p99_ms": 1000 * _pct(ttfts, 99),
+        "itl_p50_ms": 1000 * _pct(gaps, 50) if gaps else None,
+        "itl_p99_ms": 1000 * _pct(gaps, 99) if gaps else None,
+        "repeats": len(seconds),
+    }
+
+
+def _pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+async def measure(
+    servers: dict[str, Server],
+    hf_model,
+    sets: dict[str, list[list[int]]],
+    levels: list[int],
+    new_tokens: int,
+    repeats: int,
+    seed: int = 0,
+    progress=None,
+) -> dict:
+    """Every arm at every (set, level), `repeats` times in seeded orders. Returns
+    {set: {level: {arm: summary}}} and the mismatches found (arm, set, prompt)."""
+    rng = random.Random(seed)
+    arms = list(servers) + (["transformers"] if hf_model is not None else [])
+    raw: dict = {}
+    reference: dict[tuple[str, int], list[int]] = {}
+    mismatches: list[dict] = []
+    for _ in range(repeats):
+        for name, prompts in sets.items():
+            for level in levels:
+                order = [a for a in arms if a != "transformers" or level == 1]
+                rng.shuffle(order)
+                # specdec_off's first outputs are the reference; it goes first in the first repeat.
+                if ("specdec_off" in order) and not any(k[0] == name for k in reference):
+                    order.remove("specdec_off")
+                    order.insert(0, "specdec_off")
+                for arm in order:
+                    if arm == "transformers":
+                        runs, seconds = await asyncio.to_thread(transformers_wave, hf_model, prompts, new_tokens)
+                    else:
+                        runs, seconds = await wave(servers[arm], prompts, level, new_tokens)
+                    cell = raw.setdefault(name, {}).setdefault(level, {}).setdefault(arm, ([], [], []))
+                    cell[0].extend(runs)
+                    cell[1].append(seconds)
+                    cell[2].append(sum(len(r.token_ids) for r in runs))
+                    for r in runs:
+                        ref = reference.setdefault((name, r.prompt), r.token_ids)
+                        if r.token_ids != ref:
+                            mismatches.append({"arm": arm, "set": name, "prompt": r.prompt, "level": level})
+                    if progress is not None:
+                        progress.update(1)
+    table = {
+        name: {level: {arm: summarise(*cell) for arm, cell in by_arm.items()} for level, by_arm in by_level.items()}
+        for name, by_level in raw.items()
+    }
+    return {"table": table, "mismatches": mismatches}
+
+
+def report(result: dict, levels: list[int]) -> str:
+    lines = []
+    for name, by_level in result["table"].items():
+        arms = [a for a in ARMS if any(a in by_level[lv] for lv in by_level)]
+        lines.append(f"\n== {name}: tokens/s (median), x vllm ==")
+        lines.append(f"{'arm':<14}" + "".join(f"{str(lv) + ' streams':>22}" for lv in levels))
+        for arm in arms:
+            cells = []
+            for lv in levels:
+                s, peer = by_level[lv].get(arm), by_level[lv].get("vllm")
+                ratio = f" ({s['tokens_per_s'] / peer['tokens_per_s']:.2f}x)" if s and peer else ""
+                cells.append(f"{s['tokens_per_s']:.1f}{ratio}" if s else "-")
+            lines.append(f"{arm:<14}" + "".join(f"{c:>22}" for c in cells))
+        lines.append(f"{'latency ms':<14}" + "".join(f"{'ttft p50/p99 itl p50/p99':>30}" for _ in levels[:1]))
+        for arm in arms:
+            for lv in levels:
+                s = by_level[lv].get(arm)
+                if s and s["itl_p50_ms"] is not None:
+                    lines.append(
+                        f"  {arm:<12} {lv:>3} streams  ttft {s['ttft_p50_ms']:7.0f} / {s['ttft_p99_ms']:7.0f}"
+                        f"   itl {s['itl_p50_ms']:6.1f} / {s['itl_p99_ms']:6.1f}"
+                    )
+    bad = result["mismatches"]
+    lines.append(f"\noutputs equal: {'yes' if not bad else f'NO ({len(bad)} differ: {bad[:4]})'}")
+    return "\n".join(lines)
+
+
+SETS = ("free", "free_heldout", "similar", "similar_heldout")
+
+
+def prompt_sets(tokenizer, names: list[str], n: int) -> dict[str, list[list[int]]]:
+    """Token ids of the first `n` prompts of each named set (bench/heldout.py: free text and
+    similar requests, each as a tuning and a held-out set)."""
+    from specdec.bench import heldout
+
+    kinds = heldout.sets()
+    out = {}
+    for name in names:
+        kind, _, part = name.partition("_")
+        texts = kinds["free" if kind == "free" else "repeated"]["heldout" if part else "tuning"][:n]
+        out[name] = [tokenizer(text)["input_ids"] for _, text in texts]
+    return out
+
+
+async def run(args) -> dict:
+    """`specdec bench --peer vllm`: start (or reach) the servers, measure, stop them."""
+    from specdec.bench.suite import servers as srv
+    from specdec.runtime.models import load_checkpoint_tokenizer
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_checkpoint_tokenizer(args.target_model)
+    sets = prompt_sets(tokenizer, args.peer_sets, args.peer_prompts)
+    model_dir = srv.model_directory(args.target_model, out_dir)
+    logs = {name: out_dir / f"{name}.log" for name in ("specdec", "vllm", "vllm_ngram")}
+    ours = srv.start_specdec(args.target_model, f"{args.peer_kv_gib}GiB", logs["specdec"])
+    peers = {}
+    try:
+        if args.peer_url:
+            peers["vllm"] = srv.Server(args.peer_url.rstrip("/"), "")
+        else:
+            peers["vllm"] = srv.start_vllm(args.peer_python, model_dir, args.peer_kv_gib, logs["vllm"])
+        if args.peer_ngram:
+            peers["vllm_ngram"] = srv.start_vllm(
+                args.peer_python, model_dir, args.peer_kv_gib, logs["vllm_ngram"], ngram=args.peer_ngram
+            )
+        # One at a time: two vLLM servers compiling at once would take each other's cores.
+        await srv.wait_ready(ours, "specdec up", logs["specdec"])
+        for name, server in peers.items():
+            await srv.wait_ready(server, name, logs.get(name, out_dir))
+        servers = {
+            "specdec_off": srv.Server(ours.url, ours.model, {"speculation": {"disabled": True}}),
+            "specdec": srv.Server(ours.url, ours.model),
+            **peers,
+        }
+        hf = None if args.no_peer else _transformers_model(model_dir)
+        cells = sum(len(args.concurrency) * len(servers) + (hf is not None) for _ in sets) * args.repeats
+        from tqdm import tqdm
+
+        with tqdm(total=cells, desc="specdec bench --peer vllm", unit="wave", file=sys.stderr) as progress:
+            result = await measure(
+                servers, hf, sets, args.concurrency, args.max_new_tokens, args.repeats, progress=progress
+            )
+    finally:
+        for server in (ours, *peers.values()):
+            srv.stop(server)
+    from specdec.bench.single_process import _git_commit
+
+    result["config"] = {
+        "sets": args.peer_sets,
+        "prompts": args.peer_prompts,
+        "levels": args.concurrency,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "peer_ngram": args.peer_ngram,
+        "kv_gib": args.peer_kv_gib,
+        "model_dir": str(model_dir),
+        "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    return result
+
+
+def _transformers_model(model_dir: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def main(args) -> int:
+    result = asyncio.run(run(args))
+    text = json.dumps(result, indent=1, default=str)
+    (Path(args.out) / "peer_vllm.json").write_text(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(report(result, args.concurrency))
+    print(f"wrote {Path(args.out) / 'peer_vllm.json'}", file=sys.stderr)
+    return 0 if not result["mismatches"] else 1
