@@ -215,7 +215,9 @@ async def _events(
     try:
         while True:
             completion_tokens += len(delta.token_ids)
-            if delta.text or first or delta.finish_reason is not None:
+            # A delta with no text yet (held back, or special tokens) is sent only when the client
+            # asked for token ids: then its tokens are news.
+            if delta.text or first or delta.finish_reason is not None or (reply.return_token_ids and delta.token_ids):
                 yield _event(reply.chunk(delta, first=first and parsed.kind == oai.CHAT))
                 first = False
             if delta.finish_reason is not None:

@@ -219,9 +219,9 @@ def report(result: dict, levels: list[int]) -> str:
 SETS = ("free", "free_heldout", "similar", "similar_heldout")
 
 
-def prompt_sets(tokenizer, names: list[str], n: int) -> dict[str, list[list[int]]]:
+def prompt_sets(tokenizer, names: list[str], n: int, max_tokens: int = 0) -> dict[str, list[list[int]]]:
     """Token ids of the first `n` prompts of each named set (bench/heldout.py: free text and
-    similar requests, each as a tuning and a held-out set)."""
+    similar requests, each as a tuning and a held-out set), cut to their last `max_tokens` (0: whole)."""
     from specdec.bench import heldout
 
     kinds = heldout.sets()
@@ -229,7 +229,7 @@ def prompt_sets(tokenizer, names: list[str], n: int) -> dict[str, list[list[int]
     for name in names:
         kind, _, part = name.partition("_")
         texts = kinds["free" if kind == "free" else "repeated"]["heldout" if part else "tuning"][:n]
-        out[name] = [tokenizer(text)["input_ids"] for _, text in texts]
+        out[name] = [tokenizer(text)["input_ids"][-max_tokens:] for _, text in texts]
     return out
 
 
@@ -241,7 +241,7 @@ async def run(args) -> dict:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_checkpoint_tokenizer(args.target_model)
-    sets = prompt_sets(tokenizer, args.peer_sets, args.peer_prompts)
+    sets = prompt_sets(tokenizer, args.peer_sets, args.peer_prompts, args.max_prompt_tokens)
     model_dir = srv.model_directory(args.target_model, out_dir)
     logs = {name: out_dir / f"{name}.log" for name in ("specdec", "vllm", "vllm_ngram")}
     ours = srv.start_specdec(args.target_model, f"{args.peer_kv_gib}GiB", logs["specdec"])

@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdec.runtime.projection import HEAD_LABEL
+
 _U = 2.0**-8  # bf16 unit roundoff (8 bits of precision)
 _MAX_CANDIDATES = 1 << 16  # recomputed positions per pass beyond which the full product is cheaper
 _PACK_BATCH_HINT = 5
@@ -57,6 +59,10 @@ class GreedyHead:
     def argmax(self, hidden: torch.Tensor, project) -> torch.Tensor:
         """(rows,) argmax of W h + b for hidden (rows, d). `project`: the full fp32 projection,
         used when too many tokens survive the screen."""
+        with torch.profiler.record_function(HEAD_LABEL):
+            return self._argmax(hidden, project)
+
+    def _argmax(self, hidden: torch.Tensor, project) -> torch.Tensor:
         approx = torch.ops.mkldnn._linear_pointwise(
             hidden.to(torch.bfloat16).contiguous(), self.packed, None, "none", [], ""
         )  # (rows, vocab), bf16

@@ -33,6 +33,7 @@ from transformers import PreTrainedModel
 
 # Causal LMs whose forward is: base model -> keep rows -> lm_head (-> optional final softcap).
 _KNOWN = {"llama", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "mistral", "qwen2", "qwen3", "phi3"}
+HEAD_LABEL = "specdec.head"  # the output projection's range in a torch profile (bench/pass_profile.py)
 _MAX_COLUMN_ROWS = 64  # beyond, F.linear's GEMM kernels are the better choice again
 # From how many rows oneDNN's packed GEMM serves a layer (columns below). Which is faster at
 # 1-2 rows depends on the machine (docs/performance.md has both measurements); 3 gives those
@@ -70,7 +71,8 @@ def forward_hidden(
 
 def head_logits(model: PreTrainedModel, hidden: torch.Tensor) -> torch.Tensor:
     """The logits of hidden states (..., d) from `forward_hidden`: (..., vocab)."""
-    logits = project(model.get_output_embeddings(), hidden)
+    with torch.profiler.record_function(HEAD_LABEL):
+        logits = project(model.get_output_embeddings(), hidden)
     softcap = final_softcap(model)
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap

@@ -97,6 +97,18 @@ def test_eos_inside_an_accepted_draft(tiny, references, kind):
     assert result.finish_reason is FinishReason.STOP
 
 
+def test_ignore_eos_generates_through_an_eos_to_max_new_tokens(tiny, references):
+    """vLLM's `ignore_eos`: the same tokens as with no EOS at all, the EOS among them."""
+    target = tiny("llama", TARGET_SEED)
+    full = references("llama", eos=frozenset())
+    position = next(i for i in range(3, len(full)) if full[i] not in full[:i])
+    engine = _engine(tiny, "llama", "ngram", target=dataclasses.replace(target, eos_token_ids={full[position]}))
+    stopped = _generate(engine, prompt_token_ids=PROMPT, max_new_tokens=NEW_TOKENS)
+    assert stopped.token_ids == full[: position + 1] and stopped.finish_reason is FinishReason.STOP
+    ignored = _generate(engine, prompt_token_ids=PROMPT, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    assert ignored.token_ids == full and ignored.finish_reason is FinishReason.LENGTH
+
+
 @pytest.mark.parametrize("kind", TINY_KINDS)
 def test_seeded_sampling_with_ngram_equals_target_only_sampling(tiny, kind):
     target = tiny(kind, TARGET_SEED)

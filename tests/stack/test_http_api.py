@@ -5,6 +5,7 @@ deadlines, overload and disconnects get OpenAI's errors and free both tiers' ses
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -173,6 +174,25 @@ def test_streamed_completion_concatenates_to_the_whole_one_and_ends_with_usage(s
         assert response.headers["content-type"].startswith("text/event-stream")
         events = [line for line in response.iter_lines() if line]
     assert events[-1] == "data: [DONE]" and all(line.startswith("data: {") for line in events[:-1])
+
+
+def test_return_token_ids_streams_every_token_as_grpc_gives_them(stack):
+    """vLLM's `return_token_ids` (and `ignore_eos`): each chunk's token ids, concatenated, are the
+    whole response's and the gRPC call's, however the text was held back between chunks."""
+    expected = list(_grpc(stack, prompt=PROMPT, max_new_tokens=24).token_ids)
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    whole = httpx.post(stack.base_url + "/v1/completions", json=body, timeout=30).json()
+    assert whole["choices"][0]["token_ids"][: len(expected)] == expected
+    assert len(whole["choices"][0]["token_ids"]) == whole["usage"]["completion_tokens"] == 24
+    streamed = []
+    with httpx.stream("POST", stack.base_url + "/v1/completions", json=body | {"stream": True}, timeout=30) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                streamed += [t for c in json.loads(line[6:])["choices"] for t in c["token_ids"]]
+    assert streamed == whole["choices"][0]["token_ids"]
+    for name, value in (("ignore_eos", "yes"), ("return_token_ids", 1)):
+        response = httpx.post(stack.base_url + "/v1/completions", json=body | {name: value}, timeout=30)
+        assert response.status_code == 400 and response.json()["error"]["param"] == name
 
 
 def test_sampled_completion_with_a_seed_equals_grpc(stack):
