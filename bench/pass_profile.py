@@ -10,7 +10,8 @@ process, with no transport: R sessions prefilled with a prompt of --context toke
                index_select)
   elementwise  every other op: norms, rotary embedding, activations, residual adds, argmax
   python       the wall time outside any op: building the pass layout, transformers' modules
-Op times are self CPU time on the calling thread (an op's intra-op threads work inside it).
+Op times are self CPU time on the calling thread (an op's intra-op threads work inside it), from
+profiled passes; the wall time is the median of as many unprofiled passes run just before.
 
   python -m specdec.bench.pass_profile [--rows 1,16] [--context 128] [--passes 8] [--threads 2]
 """
@@ -82,11 +83,15 @@ def measure(verifier, prompt: list[int], rows: int, passes: int) -> dict[str, fl
 
     step()  # prefill
     step()  # warm
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    walls = []
+    for _ in range(passes):  # unprofiled: the profiler's own cost per op would count as Python
         started = time.perf_counter()
+        step()
+        walls.append(1000 * (time.perf_counter() - started))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(passes):
             step()
-        wall_ms = 1000 * (time.perf_counter() - started) / passes
+    wall_ms = sorted(walls)[len(walls) // 2]
     for session in seqs:
         verifier.end_session(session)
     return split(prof.events(), passes, wall_ms)
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     loaded = load_model(args.target_model)
     verifier = TargetVerifier(loaded, kv_cache_bytes=1 << 30)
-    text = " ".join(FREE_PROSE_PROMPTS) * 8
+    text = " ".join(prompt for _, prompt in FREE_PROSE_PROMPTS) * 8
     prompt = loaded.tokenizer(text)["input_ids"][: args.context]
     result = {}
     print(f"{'rows':>5} " + " ".join(f"{c:>12}" for c in (*CATEGORIES, "wall")) + "   (ms a pass)")

@@ -3,17 +3,16 @@
 Greedy decoding needs only argmax_j z_j with z = W h (W: vocab x d; the embedded target's is
 262,144 x 640, most of a decode pass on a CPU, where reading W is the cost). The screen reads a
 bf16 copy of W (half the bytes; oneDNN's packed bf16 GEMM), which gives z'_j with a bounded error,
-then recomputes in fp32 only the tokens that could still be the argmax:
-
-  |z'_j - z_j| <= e_j <= c * ||h|| * max_j ||w_j|| + u * max_j |z'_j| = e
-
-with u = 2^-8 the bf16 unit roundoff and c = 2u + u^2 + 2 d 2^-24 (h and w_j each rounded to
-bf16, fp32 accumulation over d terms in the screen and in the recomputation; ||h|| ||w_j||
-bounds sum_i |h_i w_ji| by Cauchy-Schwarz), and the u |z'_j| term for the bf16 output. Every token
-whose z'_j reaches max_i z'_i - 2e is recomputed exactly (a few rows of W); the argmax over them
-is the argmax over all, ties to the lowest id as `torch.argmax` breaks them. The
-result equals the argmax of the full fp32 product up to fp32 rounding, as one batch composition's
-product equals another's.
+then recomputes in fp32 only the tokens that could still be the argmax. With z~ the screen's
+fp32 accumulation before its bf16 output z', and r = c ||h|| max_j ||w_j|| where
+c = 2u + u^2 + 3 d 2^-24 (h and w_j each rounded to bf16 with unit roundoff u = 2^-8, the fp32
+accumulations over d terms of the screen and of the recomputation; ||h|| ||w_j|| bounds
+sum_i |h_i w_ji| by Cauchy-Schwarz): |z~_j - z_j| <= r and |z'_j - z~_j| <= u |z~_j|. Rounding
+is monotone, so a token whose recomputed logit can reach the screen's argmax a has
+z'_j >= max z' - 2e, with e = (r + u |z'_a|) / (1 - 2u). Every such token is recomputed
+exactly (two a row at the median on real text); the argmax over them is the argmax over all,
+ties to the lowest id as `torch.argmax` breaks them. The result equals the argmax of the full
+fp32 product up to fp32 rounding, as one batch composition's product equals another's.
 
 Sampling needs every probability and keeps the full fp32 projection (`specdec.runtime.projection`).
 """
@@ -40,7 +39,7 @@ class GreedyHead:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), _PACK_BATCH_HINT)
         self.max_norm = weight.norm(dim=1).max().item()
         d = weight.shape[1]
-        self.c = (2 * _U + _U * _U + 2 * d * 2.0**-24) * 1.01  # 1 % on top for the norms' own rounding
+        self.c = (2 * _U + _U * _U + 3 * d * 2.0**-24) * 1.01  # 1 % on top for the norms' own rounding
 
     @staticmethod
     def supported(head: nn.Module) -> bool:
@@ -68,12 +67,13 @@ class GreedyHead:
         )  # (rows, vocab), bf16
         if self.bias is not None:
             approx = approx.float() + self.bias
-        low, high = torch.aminmax(approx, dim=1)  # (rows,) each
-        # One bound for the whole row: e_j <= c ||h|| max_j ||w_j|| + u max_j |z'_j|. The argmax
-        # a of z' and the true argmax t satisfy z'_t + e_t >= z_t >= z_a >= z'_a - e_a, so t is
-        # among the tokens with z'_j >= max z' - 2 e.
-        bound = self.c * hidden.norm(dim=1) * self.max_norm + _U * torch.maximum(low.abs(), high.abs()).float()
-        rows, cols = torch.nonzero(approx >= (high.float() - 2 * bound).unsqueeze(1), as_tuple=True)
+        high = approx.amax(dim=1).float()  # (rows,) max_j z'_j
+        # r bounds the rounding of h and W and both accumulations; the bf16 output adds u |z'_j|,
+        # and for every token that matters (z'_j within 2e of the max) |z'_j| <= |high| + 2e,
+        # hence e = (r + u |high|) / (1 - 2u) (module docstring).
+        r = self.c * hidden.norm(dim=1) * self.max_norm
+        e = (r + _U * high.abs()) / (1 - 2 * _U)
+        rows, cols = torch.nonzero(approx >= (high - 2 * e).unsqueeze(1), as_tuple=True)
         if rows.numel() > _MAX_CANDIDATES:
             return torch.argmax(project(hidden), dim=-1)
         exact = (hidden[rows] * self.weight[cols]).sum(-1)  # (candidates,)
