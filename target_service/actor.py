@@ -31,6 +31,7 @@ from specdec.core.acceptance import DraftProposal
 from specdec.core.session_store import SessionStore
 from specdec.drafts.loading import load_model
 from specdec.target_service import metrics
+from specdec.target_service.lookahead import Ahead, plain
 from specdec.target_service.protocol import VerifyReply, VerifyRequest
 from specdec.target_service.ray_cluster import watch_cluster
 from specdec.target_service.verifier import (
@@ -60,6 +61,7 @@ class ActorConfig:
     # misses a pass waits a whole pass, so waiting a fraction of one for it is cheaper.
     gather_s: float = 0.05
     gather_fraction: float = 0.5
+    lookahead: bool = True  # decode a round ahead for sessions without drafts (target_service/lookahead.py)
     max_sessions: int = 256  # cached sessions per actor (LRU beyond)
     max_cached_tokens: int = 262_144  # summed cached positions per actor (LRU beyond)
     session_ttl_s: float = 600.0  # idle sessions expire (a coordinator that died never ends them)
@@ -98,6 +100,11 @@ class TargetActor:
         # how long that pass took: what the worker gathers for (`_gather`).
         self._expected: set[str] = set()
         self._last_pass_s = 0.0
+        self._ahead: dict[str, Ahead] = {}  # session -> the round run ahead for it
+        self._plain: dict[str, int] = {}  # session -> its rounds in a row without drafts (capped)
+        self._batch: list[_Round] = []  # the rounds of the pass now running
+        self._ending: set[str] = set()  # sessions ended while a pass holds them: ended after it
+        self.lookahead_hits = 0  # rounds answered by a round run ahead of them
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         # The latest forward passes' batch sizes (for tests and benchmarks), bounded.
@@ -141,6 +148,7 @@ class TargetActor:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "batch_sizes": list(self.batch_sizes),
+            "lookahead_hits": self.lookahead_hits,
             "metrics_address": self.metrics.address,
         }
 
@@ -170,6 +178,14 @@ class TargetActor:
         if self.draining or len(self._queue) >= self.config.max_queue:
             metrics.OVERLOADED.inc()
             return VerifyReply(None, overloaded=True)
+        ahead = self._ahead.pop(request.session_id, None)
+        if ahead is not None:
+            if ahead.serves(request):
+                reply = await self._answer_ahead(request, ahead)
+                if reply is not None:
+                    return reply
+            else:
+                self._drop(ahead)
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Round(request, future))
         self.peaks["queued"] = max(self.peaks["queued"], len(self._queue))
@@ -177,8 +193,54 @@ class TargetActor:
         self._wakeup.set()
         return await future
 
+    async def _answer_ahead(self, request: VerifyRequest, ahead: Ahead) -> VerifyReply | None:
+        """The reply of the round run ahead for `request` (waiting for its pass), or None when
+        that round failed: the request then queues as any other."""
+        span = trace.get_tracer("specdec.target").start_span("specdec.verify", context=extract(request.trace_carrier))
+        try:
+            reply = await ahead.round.future
+        except Exception:
+            reply = None
+        if reply is None or reply.verification is None:
+            span.end()
+            return None
+        span.set_attributes({"specdec.k": 0, "specdec.lookahead": True, "specdec.context_tokens": len(ahead.tokens)})
+        span.end()
+        metrics.VERIFY_ROUNDS.inc()
+        self.lookahead_hits += 1
+        self._plain[request.session_id] = 2
+        self._look_ahead(request.session_id, ahead.tokens, reply, request.sampling)
+        return reply
+
+    def _look_ahead(self, session_id: str, tokens: list[int], reply: VerifyReply, sampling) -> None:
+        """Queue the round after `reply` (a round without drafts over `tokens`), when the
+        session decodes without drafts and the round fits the model."""
+        if not self.config.lookahead or self.draining or self._plain.get(session_id, 0) < 2:
+            return
+        following = [*tokens, *reply.verification.accepted_ids]
+        if len(following) + 1 > min(self.loaded.max_context, self.verifier.pool.capacity_tokens):
+            return
+        request = VerifyRequest(session_id, reply.held, following[reply.held :], [], None, sampling)
+        round_ = _Round(request, asyncio.get_running_loop().create_future(), ahead=True)
+        round_.item = VerifyItem(session_id, following, DraftProposal([]), sampling)
+        self._ahead[session_id] = Ahead(reply.held, following, sampling, round_)
+        self._queue.append(round_)
+        self._wakeup.set()
+
+    def _drop(self, ahead: Ahead) -> None:
+        """Forget a look-ahead the coordinator did not send: unqueue it if its pass has not begun."""
+        if ahead.round in self._queue:
+            self._queue.remove(ahead.round)
+
     def end_session(self, session_id: str) -> None:
         self._expected.discard(session_id)
+        self._plain.pop(session_id, None)
+        ahead = self._ahead.pop(session_id, None)
+        if ahead is not None:
+            self._drop(ahead)
+            if ahead.round in self._batch:  # its pass holds the session's blocks: free them after it
+                self._ending.add(session_id)
+                return
         self.verifier.end_session(session_id)
         self._gauges()
 
@@ -212,6 +274,7 @@ class TargetActor:
             batch, self._queue = self._queue[: self.config.max_batch], self._queue[self.config.max_batch :]
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._running = len(batch)
+            self._batch = batch
             started = time.perf_counter()
             try:
                 await loop.run_in_executor(self._pass_thread, self._step, batch)
@@ -219,11 +282,30 @@ class TargetActor:
                 for round_ in batch:
                     round_.fail(error)
             self._last_pass_s = time.perf_counter() - started
-            self._running = 0
+            self._running, self._batch = 0, []
+            for session_id in self._ending:
+                self.verifier.end_session(session_id)
+            self._ending.clear()
             self._gauges()
             # Rounds the pass did not finish keep their place at the head of the queue.
             self._queue = [round_ for round_ in batch if not round_.settled] + self._queue
+            for round_ in batch:
+                if round_.answered and not round_.ahead:
+                    self._count_plain(round_.request)
+                    if plain(round_.request):
+                        request = round_.request
+                        self._look_ahead(request.session_id, round_.item.tokens, round_.reply, request.sampling)
             self._expected = {r.request.session_id for r in batch if r.answered} - self._queued_sessions()
+
+    def _count_plain(self, request: VerifyRequest) -> None:
+        """Count the session's rounds in a row without drafts; forget sessions the verifier no
+        longer holds (ended by TTL or LRU) once there are more than it may hold."""
+        sid = request.session_id
+        self._plain[sid] = min(2, self._plain.get(sid, 0) + 1) if plain(request) else 0
+        if len(self._plain) > 2 * self.config.max_sessions:
+            held = self.verifier.sessions
+            self._plain = {s: n for s, n in self._plain.items() if s in held}
+            self._ahead = {s: a for s, a in self._ahead.items() if s in held}
 
     async def _gather(self) -> None:
         """Wait until every session in `_expected` has queued its round, the batch is full, or
@@ -268,6 +350,10 @@ class TargetActor:
             elif isinstance(result, Exception):
                 round_.fail(result)
             else:
+                if round_.ahead:  # answered to its coordinator's round later (`_answer_ahead`)
+                    round_.answered = True
+                    round_.settle(VerifyReply(result, held=len(round_.item.tokens) + result.num_accepted))
+                    continue
                 metrics.VERIFY_ROUNDS.inc()
                 round_.span.set_attributes(
                     {
@@ -329,11 +415,13 @@ class _Round:
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     settled: bool = False  # set at once in the worker thread; the future follows on the loop
     answered: bool = False  # settled with a verification: its session will likely send another round
+    ahead: bool = False  # a round run ahead of its coordinator (target_service/lookahead.py)
+    reply: VerifyReply | None = None  # what it was answered
 
     def settle(self, reply: VerifyReply | None, error: Exception | None = None) -> None:
         """Answer `reply`, or raise `error` to the caller when there is no reply; either way the
         round's span records the error and ends."""
-        self.settled = True
+        self.settled, self.reply = True, reply
         if self.span is not None:
             if error is not None:
                 self.span.record_exception(error)

@@ -86,6 +86,30 @@ def _run_with_fault_midway(pool, engine, requests, fault):
     return asyncio.run(scenario())
 
 
+def test_rounds_without_drafts_are_decoded_ahead_with_the_same_tokens(tiny, pool_factory):
+    """Target-only requests: the actor runs each session's next round before its coordinator
+    sends it (target_service/lookahead.py); greedy and seeded outputs are in-process target-only
+    decoding's, and the look-aheads of finished requests leave no session and no block behind."""
+    pool = pool_factory()
+    remote, local = _engines(tiny, pool, "ngram")
+    actor = next(iter(pool.actors.values()))
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.9, top_k=50, seed=5)):
+        requests = [
+            GenerationRequest(prompt_token_ids=p, max_new_tokens=NEW_TOKENS, sampling=sampling, speculate=False)
+            for p in PROMPTS
+        ]
+        expected = [asyncio.run(local.generate(r)).token_ids for r in requests]
+        before = ray.get(actor.info.remote())["lookahead_hits"]
+        got = asyncio.run(_run_all(remote, requests))
+        assert [g.token_ids for g in got] == expected
+        # From a session's third round on, its rounds can be answered by the round run ahead.
+        assert ray.get(actor.info.remote())["lookahead_hits"] - before >= len(PROMPTS) * (NEW_TOKENS - 4) // 2
+    until_idle = time.monotonic() + 10
+    while (info := ray.get(actor.info.remote()))["kv_blocks_used"] and time.monotonic() < until_idle:
+        time.sleep(0.05)
+    assert info["sessions"] == 0 and info["kv_blocks_used"] == 0
+
+
 @pytest.mark.parametrize("drafter", ["ngram", "model"])
 def test_pool_gives_in_process_outputs(tiny, pool_factory, drafter):
     pool = pool_factory()
