@@ -175,7 +175,8 @@ def _line(label: str, row: dict) -> str:
     )
 
 
-def print_tables(results: dict, out=sys.stdout) -> None:
+def print_tables(results: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: a captured stdout may have closed since import
     for name, summary in results["workloads"].items():
         print(f"\n== workload {name} (tokens/s, median of {results['config']['repeats']} repeats) ==", file=out)
         print(_HEADER, file=out)

@@ -302,7 +302,8 @@ def _line(label: str, row: dict) -> str:
     )
 
 
-def print_tables(results: dict, out=sys.stdout) -> None:
+def print_tables(results: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: a captured stdout may have closed since import
     repeats = results["config"]["repeats"]
     for drafter, by_workload in results["summary"].items():
         for name, summary in by_workload.items():

@@ -283,9 +283,9 @@ class TargetActor:
                     round_.fail(error)
             self._last_pass_s = time.perf_counter() - started
             self._running, self._batch = 0, []
-            for session_id in self._ending:
+            ended, self._ending = self._ending, set()
+            for session_id in ended:
                 self.verifier.end_session(session_id)
-            self._ending.clear()
             self._gauges()
             # Rounds the pass did not finish keep their place at the head of the queue.
             self._queue = [round_ for round_ in batch if not round_.settled] + self._queue
@@ -295,7 +295,8 @@ class TargetActor:
                     if plain(round_.request):
                         request = round_.request
                         self._look_ahead(request.session_id, round_.item.tokens, round_.reply, request.sampling)
-            self._expected = {r.request.session_id for r in batch if r.answered} - self._queued_sessions()
+            answered = {r.request.session_id for r in batch if r.answered}
+            self._expected = answered - ended - self._queued_sessions()
 
     def _count_plain(self, request: VerifyRequest) -> None:
         """Count the session's rounds in a row without drafts; forget sessions the verifier no

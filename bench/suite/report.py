@@ -20,7 +20,8 @@ def _f(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def batch1_table(batch1: dict, repeats: int, out=sys.stdout) -> None:
+def batch1_table(batch1: dict, repeats: int, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: a captured stdout may have closed since import
     for workload, summary in batch1["summary"].items():
         cols = [(m, name) for m, name in _COLUMNS if m in summary["tokens_per_s"]]
         print(f"\n== batch 1, workload {workload} (tokens/s, median of {repeats} repeats) ==", file=out)
@@ -50,9 +51,10 @@ def batch1_table(batch1: dict, repeats: int, out=sys.stdout) -> None:
             )
 
 
-def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
+def drafter_table(workload: str, summary: dict, out=None) -> None:
     """Each drafter beside its Leviathan ideal: speedup, per-token acceptance, acceptance by
     position, the cost ratio c and the ideal from them (medians over prompts)."""
+    out = out or sys.stdout  # looked up per call: a captured stdout may have closed since import
     print(f"-- drafters, workload {workload}: measured vs the Leviathan ideal (medians over prompts) --", file=out)
     print(
         f"{'drafter':<8}{'x k=0':>7}{'accept':>8}{'alpha by position (1..6)':>32}"
@@ -72,7 +74,8 @@ def drafter_table(workload: str, summary: dict, out=sys.stdout) -> None:
         )
 
 
-def concurrency_table(conc: dict, out=sys.stdout) -> None:
+def concurrency_table(conc: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: a captured stdout may have closed since import
     print("\n== concurrency (mixed workload) ==", file=out)
     print(
         f"{'streams':>7} {'arm':<11}{'tok/s':>8}{'x off':>7}{'x 1 str':>8}"
@@ -157,7 +160,8 @@ def goals(results: dict) -> list[dict]:
     return out
 
 
-def print_report(results: dict, out=sys.stdout) -> None:
+def print_report(results: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up per call: a captured stdout may have closed since import
     if results.get("batch1"):
         batch1_table(results["batch1"], results["config"]["repeats"], out)
     if results.get("concurrency"):
