@@ -9,7 +9,10 @@
 #
 # fp32 must be exact, eager and compiled (the script fails otherwise); bf16 reports how far outputs
 # agree (docs/performance.md, "Greedy equality on GPUs"). Each run times eager and compiled passes
-# side by side; the last one times the two paged attention kernels.
+# side by side; the last one times the two paged attention kernels. On CUDA the verifier keeps full
+# logits (the bf16 greedy screen, specdec/runtime/greedy_head.py, serves fp32 CPU heads only), and
+# the actor's decoding ahead (target_service/lookahead.py) is device-agnostic: the fp32 exactness
+# checks here cover the pass as GPUs run it.
 set -euo pipefail
 larger="${1:-}"
 out="${2:-gpu-check}"
