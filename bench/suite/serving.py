@@ -19,9 +19,10 @@ over the repeats' requests. Every output is compared token for token with the fi
 `specdec_off` output of its prompt (both servers return token ids: `return_token_ids`); a run with
 any difference exits with status 1.
 
-Only one arm runs at a time; the other servers sit idle beside it (each polls, well under 1 % of
-a core). vLLM is not a dependency: it runs from the Python named by `--peer-python` (a venv of its
-own, bench/README.md), or a server already running at `--peer-url`.
+Only one arm runs at a time; the other servers sit idle beside it (an idle vLLM polls at 2-6 % of
+a core, an idle stack at 1-2 %). vLLM is not a dependency: it runs from the Python named by
+`--peer-python` (a venv of its own, bench/README.md), or a server already running at
+`--peer-url`.
 """
 
 from __future__ import annotations
