@@ -22,11 +22,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdec.runtime.projection import HEAD_LABEL
+from specdec.runtime.projection import HEAD_LABEL, PACK_BATCH_HINT
 
 _U = 2.0**-8  # bf16 unit roundoff (8 bits of precision)
 _MAX_CANDIDATES = 1 << 16  # recomputed positions per pass beyond which the full product is cheaper
-_PACK_BATCH_HINT = 5
 
 
 class GreedyHead:
@@ -36,7 +35,7 @@ class GreedyHead:
         weight = head.weight.detach()  # (vocab, d)
         self.weight = weight
         self.bias = None if head.bias is None else head.bias.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), _PACK_BATCH_HINT)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), PACK_BATCH_HINT)
         self.max_norm = weight.norm(dim=1).max().item()
         d = weight.shape[1]
         self.c = (2 * _U + _U * _U + 3 * d * 2.0**-24) * 1.01  # 1 % on top for the norms' own rounding

@@ -39,7 +39,7 @@ _MAX_COLUMN_ROWS = 64  # beyond, F.linear's GEMM kernels are the better choice a
 # 1-2 rows depends on the machine (docs/performance.md has both measurements); 3 gives those
 # rows to the columns.
 _PACKED_MIN_ROWS = 1
-_PACK_BATCH_HINT = 5  # rows oneDNN packs for: a verify pass with 4 drafts (10% faster than none)
+PACK_BATCH_HINT = 5  # rows oneDNN packs for: a verify pass with 4 drafts (10% faster than none)
 
 
 def forward_logits(
@@ -130,7 +130,7 @@ class _ColumnLinear(nn.Linear):
         cached = self.__dict__.get("_packed")  # not a buffer: no state dict entry, never moved by .to()
         if cached is None or cached[0] != key:
             try:
-                cached = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _PACK_BATCH_HINT))
+                cached = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_BATCH_HINT))
             except (RuntimeError, AttributeError):  # a build without oneDNN: columns it is
                 cached = (key, None)
             self.__dict__["_packed"] = cached
