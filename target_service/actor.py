@@ -104,6 +104,7 @@ class TargetActor:
         self._plain: dict[str, int] = {}  # session -> its rounds in a row without drafts (capped)
         self._batch: list[_Round] = []  # the rounds of the pass now running
         self._ending: set[str] = set()  # sessions ended while a pass holds them: ended after it
+        self._pass_over: asyncio.Future | None = None  # resolved once the running pass is over
         self.lookahead_hits = 0  # rounds answered by a round run ahead of them
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -232,14 +233,17 @@ class TargetActor:
         if ahead.round in self._queue:
             self._queue.remove(ahead.round)
 
-    def end_session(self, session_id: str) -> None:
+    async def end_session(self, session_id: str) -> None:
+        """Free the session. Returns once it is freed, so that a caller who awaited it sees the
+        blocks back: a look-ahead's pass may hold them, and then they are freed after it."""
         self._expected.discard(session_id)
         self._plain.pop(session_id, None)
         ahead = self._ahead.pop(session_id, None)
         if ahead is not None:
             self._drop(ahead)
-            if ahead.round in self._batch:  # its pass holds the session's blocks: free them after it
+            if ahead.round in self._batch:
                 self._ending.add(session_id)
+                await asyncio.shield(self._pass_over)
                 return
         self.verifier.end_session(session_id)
         self._gauges()
@@ -274,7 +278,7 @@ class TargetActor:
             batch, self._queue = self._queue[: self.config.max_batch], self._queue[self.config.max_batch :]
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._running = len(batch)
-            self._batch = batch
+            self._batch, self._pass_over = batch, loop.create_future()
             started = time.perf_counter()
             try:
                 await loop.run_in_executor(self._pass_thread, self._step, batch)
@@ -286,9 +290,12 @@ class TargetActor:
             ended, self._ending = self._ending, set()
             for session_id in ended:
                 self.verifier.end_session(session_id)
+            self._pass_over.set_result(None)
             self._gauges()
-            # Rounds the pass did not finish keep their place at the head of the queue.
-            self._queue = [round_ for round_ in batch if not round_.settled] + self._queue
+            # Rounds the pass did not finish keep their place at the head of the queue (a
+            # look-ahead of a session ended meanwhile has no one waiting for it).
+            unfinished = [r for r in batch if not r.settled and r.request.session_id not in ended]
+            self._queue = unfinished + self._queue
             for round_ in batch:
                 if round_.answered and not round_.ahead:
                     self._count_plain(round_.request)
