@@ -35,14 +35,21 @@ class GreedyHead:
         weight = head.weight.detach()  # (vocab, d)
         self.weight = weight
         self.bias = None if head.bias is None else head.bias.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), PACK_BATCH_HINT)
+        # oneDNN's packed bf16 GEMM where the CPU has one; elsewhere torch's own bf16 GEMM, which
+        # also accumulates in fp32 and rounds once (the bound below holds for both), but runs slower
+        # than the fp32 product: `supported` keeps the verifier off it there.
+        bf16 = weight.to(torch.bfloat16)
+        fast = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(bf16, PACK_BATCH_HINT) if fast else None
+        self.bf16 = None if fast else bf16
         self.max_norm = weight.norm(dim=1).max().item()
         d = weight.shape[1]
         self.c = (2 * _U + _U * _U + 3 * d * 2.0**-24) * 1.01  # 1 % on top for the norms' own rounding
 
     @staticmethod
     def supported(head: nn.Module) -> bool:
-        """A plain fp32 linear layer on a CPU whose oneDNN build has a bf16 GEMM."""
+        """A plain fp32 linear layer on a CPU whose oneDNN build has a bf16 GEMM: where the screen
+        is faster than the full product (it is exact on any CPU)."""
         weight = getattr(head, "weight", None)
         return (
             isinstance(head, nn.Linear)
@@ -61,9 +68,11 @@ class GreedyHead:
             return self._argmax(hidden, project)
 
     def _argmax(self, hidden: torch.Tensor, project) -> torch.Tensor:
-        approx = torch.ops.mkldnn._linear_pointwise(
-            hidden.to(torch.bfloat16).contiguous(), self.packed, None, "none", [], ""
-        )  # (rows, vocab), bf16
+        h16 = hidden.to(torch.bfloat16).contiguous()
+        if self.packed is not None:
+            approx = torch.ops.mkldnn._linear_pointwise(h16, self.packed, None, "none", [], "")  # (rows, vocab)
+        else:
+            approx = torch.nn.functional.linear(h16, self.bf16)  # (rows, vocab), bf16
         if self.bias is not None:
             approx = approx.float() + self.bias
         high = approx.amax(dim=1).float()  # (rows,) max_j z'_j
