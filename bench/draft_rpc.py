@@ -40,11 +40,11 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specdec.bench.tiny_llama import make_tiny_llama
 from specdec.coordinator.clients import DraftClient
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.service import DraftConfig, DraftCore, ProposeCall
 from specdec.drafts.loading import load_model
-from specdec.runtime.tiny import make_tiny_model
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 GEMMA_VOCAB = 262_144
@@ -189,8 +189,8 @@ def _table(rows: list[dict], columns: list[str], formats: dict[str, str]) -> str
 
 async def run(args) -> None:
     root = Path(tempfile.mkdtemp(prefix="draft-rpc-bench-"))
-    tiny = str(make_tiny_model("llama", root / "tiny", seed=2))
-    big_vocab = str(make_tiny_model("llama", root / "tiny-262k", seed=2, vocab_size=GEMMA_VOCAB))
+    tiny = str(make_tiny_llama(root / "tiny", seed=2))
+    big_vocab = str(make_tiny_llama(root / "tiny-262k", seed=2, vocab_size=GEMMA_VOCAB))
 
     cases = [
         ("ngram, greedy", "ngram", GREEDY),

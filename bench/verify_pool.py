@@ -53,11 +53,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bench never downloads a mode
 
 import torch  # noqa: E402
 
+from specdec.bench.tiny_llama import make_tiny_llama  # noqa: E402
 from specdec.core.acceptance import DraftProposal, Verification  # noqa: E402
 from specdec.core.sampling import SamplingParams  # noqa: E402
 from specdec.drafts.loading import load_model
 from specdec.runtime.models import LoadedModel  # noqa: E402
-from specdec.runtime.tiny import make_tiny_model  # noqa: E402
 from specdec.target_service.verifier import TargetVerifier, VerifyItem  # noqa: E402
 
 GREEDY = SamplingParams()
@@ -371,7 +371,7 @@ def report(result: dict, args, ray: bool) -> None:
 
 
 async def run_model(name: str, root: Path, args) -> dict:
-    spec = str(make_tiny_model("llama", root / "tiny", seed=1)) if name == "tiny" else None
+    spec = str(make_tiny_llama(root / "tiny", seed=1)) if name == "tiny" else None
     loaded = load_model(spec)
     setup = prepare(loaded, args)
     pools = Pools(spec, args.threads) if args.ray else None

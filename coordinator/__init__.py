@@ -10,7 +10,7 @@ _EXPORTS = {
     "Delta": "engine",
     "FinishReason": "engine",
     "SpeculationStats": "engine",
-    "Proposer": "engine",
+    "Proposer": "drafting",
     "Verifier": "engine",
     "DraftLengthPolicy": "adaptive",
     "DraftClient": "clients",

@@ -20,110 +20,68 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
+from specdec.cli.config_flags import add_flags, from_flags
 from specdec.coordinator.engine import EngineConfig
-from specdec.coordinator.flags import HTTP_PORT, add_engine_flags, add_http_flags, engine_config, server_config
 from specdec.coordinator.server import ServerConfig
-from specdec.core import flag_types
+from specdec.core.settings import setting
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "SPECDEC_COORDINATOR_"
-METRICS_PORT = 9464
 
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    draft: str  # DraftService address(es)
-    target_pool: str  # actor name prefix of the target pool
-    namespace: str
-    ray_address: str  # "auto": the Ray cluster of this machine
-    ray_join: str | None  # GCS address: join as a Ray node of our own and run as a driver there
-    target_model: str | None  # tokenizer spec; None: the model the pool reports
-    metrics_port: int  # Prometheus /metrics on --host; 0 picks a free port
-    server: ServerConfig
-    engine: EngineConfig
-    draft_auth_token: str | None = field(default=None, repr=False)  # sent as 'authorization: Bearer <token>'
+    draft: str = setting(help="DraftService address: host:port, several comma-separated, or dns:///name:port")
+    target_pool: str = setting(help="target actor name prefix (actors <name>-0 .. <name>-(n-1))")
+    namespace: str = setting(help="Ray namespace of the target pool")
+    server: ServerConfig = field(default_factory=ServerConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    ray_address: str = setting("auto", "Ray cluster to join ('auto': the one running on this machine)")
+    # Join as a Ray node of our own and run as a driver there.
+    ray_join: str | None = setting(
+        None,
+        "GCS address (HOST:PORT) of the Ray cluster to join as a node of this process's own, with no CPUs "
+        "or GPUs, running as a driver on it: verify calls then go to the actors directly, never through "
+        "the head (Ray's ports must be open between this host and the cluster's); replaces --ray-address",
+        type="gcs_address",
+        metavar="HOST:PORT",
+    )
+    pool_wait_s: float = setting(
+        0.0,
+        "seconds to wait at start for the target pool's first actor (pods start in any order, and a "
+        "restarted Ray head has no actors until the keeper recreates them); 0: fail at once",
+        type="seconds",
+    )
+    target_model: str | None = setting(  # the tokenizer's spec
+        None, "model spec to load the tokenizer from (default: the model the pool reports)"
+    )
+    metrics_port: int = setting(9464, "Prometheus metrics port (on --host); 0 picks a free one", type="port")
+    tls_cert: str | None = setting(None, "PEM certificate chain file: serve TLS (with --tls-key) instead of plaintext")
+    tls_key: str | None = setting(None, "PEM private key file of --tls-cert")
+    draft_auth_token: str | None = setting(  # sent as 'authorization: Bearer <token>'
+        None,
+        "token the draft tier requires (its --auth-token); prefer the env variable: flags show in ps",
+        repr=False,
+        secret=True,
+    )
     pool_check_s: float = 2.0  # how often health checks that an actor of the pool answers
-    pool_wait_s: float = 0.0  # how long to wait at start for the pool's first actor
 
 
 def _parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     from specdec.target_service.pool import NAMESPACE, PREFIX
 
-    server = ServerConfig()
     p = argparse.ArgumentParser(
         prog="specdec coordinator",
         description="Serve specdec.v1.GenerationService over a draft tier and a target pool. "
         f"Each flag may also be set by {ENV_PREFIX}<FLAG>.",
     )
-
-    def flag(
-        name: str, default, type, help: str, metavar: str | None = None, required: bool = False, secret: bool = False
-    ) -> None:
-        env = ENV_PREFIX + name.upper().replace("-", "_")
-        # argparse runs `type` on string defaults, so an environment value is checked like a flag.
-        default = environ.get(env, default)
-        shown = ("set" if default else "unset") if secret else default  # --help never prints a token
-        p.add_argument(
-            f"--{name}",
-            default=default,
-            type=type,
-            metavar=metavar,
-            required=required and default is None,
-            help=f"{help} [env {env}; default {shown}]",
-        )
-
-    flag(
-        "draft",
-        None,
-        str,
-        "DraftService address: host:port, several comma-separated, or dns:///name:port",
-        required=True,
-    )
-    flag("target-pool", PREFIX, str, "target actor name prefix (actors <name>-0 .. <name>-(n-1))")
-    flag("namespace", NAMESPACE, str, "Ray namespace of the target pool")
-    flag("ray-address", "auto", str, "Ray cluster to join ('auto': the one running on this machine)")
-    flag(
-        "ray-join",
-        None,
-        flag_types.gcs_address,
-        "GCS address (HOST:PORT) of the Ray cluster to join as a node of this process's own, with no CPUs "
-        "or GPUs, running as a driver on it: verify calls then go to the actors directly, never through "
-        "the head (Ray's ports must be open between this host and the cluster's); replaces --ray-address",
-        metavar="HOST:PORT",
-    )
-    flag(
-        "pool-wait",
-        0.0,
-        flag_types.seconds,
-        "seconds to wait at start for the target pool's first actor (pods start in any order, and a "
-        "restarted Ray head has no actors until the keeper recreates them); 0: fail at once",
-    )
-    flag("target-model", None, str, "model spec to load the tokenizer from (default: the model the pool reports)")
-    flag("host", server.host, str, "address to bind")
-    flag("port", server.port, flag_types.port, "port to bind; 0 picks a free one (printed at start)")
-    add_http_flags(flag, HTTP_PORT)
-    flag("metrics-port", METRICS_PORT, flag_types.port, "Prometheus metrics port (on --host); 0 picks a free one")
-    add_engine_flags(flag)
-    flag("grace", server.grace_s, flag_types.seconds, "seconds calls in flight get to finish after SIGTERM")
-    flag("tls-cert", None, str, "PEM certificate chain file: serve TLS (with --tls-key) instead of plaintext")
-    flag("tls-key", None, str, "PEM private key file of --tls-cert")
-    flag(
-        "api-key",
-        None,
-        str,
-        "clients of both APIs must send 'authorization: Bearer <key>' (health exempt); "
-        "prefer the env variable: flags show in ps",
-        secret=True,
-    )
-    flag(
-        "draft-auth-token",
-        None,
-        str,
-        "token the draft tier requires (its --auth-token); prefer the env variable: flags show in ps",
-        secret=True,
-    )
+    pool = {"target_pool": PREFIX, "namespace": NAMESPACE}
+    add_flags(p, CoordinatorConfig, defaults=pool, env_prefix=ENV_PREFIX, environ=environ)
+    add_flags(p, ServerConfig, env_prefix=ENV_PREFIX, environ=environ)
+    add_flags(p, EngineConfig, env_prefix=ENV_PREFIX, environ=environ)
     return p
 
 
@@ -139,19 +97,36 @@ def parse_config(argv: list[str], environ: Mapping[str, str] = os.environ) -> Co
             tls = (Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())
         except OSError as e:
             p.error(f"cannot read the TLS files: {e}")
-    return CoordinatorConfig(
-        draft=args.draft,
-        target_pool=args.target_pool,
-        namespace=args.namespace,
-        ray_address=args.ray_address,
-        ray_join=args.ray_join or None,
-        target_model=args.target_model,
-        metrics_port=args.metrics_port,
-        server=server_config(args, grace_s=args.grace, tls=tls),
+    return from_flags(
+        CoordinatorConfig,
+        args,
+        server=server_config(args, tls=tls),
         engine=engine,
+        ray_join=args.ray_join or None,
         draft_auth_token=args.draft_auth_token or None,
-        pool_wait_s=args.pool_wait,
     )
+
+
+def server_config(args: argparse.Namespace, **more) -> ServerConfig:
+    """The `ServerConfig` of the parsed flags (--http-port 0 is `http_port` None: no HTTP API),
+    with `more` fields."""
+    return from_flags(
+        ServerConfig, args, http_port=args.http_port or None, api_key=getattr(args, "api_key", None) or None, **more
+    )
+
+
+def engine_config(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> EngineConfig:
+    """The `EngineConfig` of the parsed flags, --chat-template read; `error` (a parser's) refuses a
+    default k above the largest a request may ask for."""
+    if args.default_draft_tokens > args.max_draft_tokens:
+        error(f"--default-draft-tokens {args.default_draft_tokens} exceeds --max-draft-tokens {args.max_draft_tokens}")
+    chat_template = None
+    if args.chat_template:
+        try:
+            chat_template = Path(args.chat_template).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            error(f"--chat-template: cannot read {args.chat_template}: {e}")
+    return from_flags(EngineConfig, args, chat_template=chat_template)
 
 
 async def serve(config: CoordinatorConfig, node_ended: Callable[[], bool] = lambda: False) -> int:

@@ -62,8 +62,8 @@ class CostModel:
 
     Verify time is kept per position count n (the median of its last `window` passes); a count not
     seen yet is interpolated between its nearest seen neighbours, or extrapolated from the
-    nearest one with `prior_slope` (the share of a one-position pass each extra position adds:
-    about 0.16 on this CPU, near 0 on a GPU) until rounds of that length have been measured.
+    nearest one with `prior_slope` (the share of a one-position pass each extra position adds: a
+    sizeable share on a CPU, next to none on a GPU) until rounds of that length have been measured.
     """
 
     def __init__(self, weight: float = 0.2, prior_slope: float = 0.1, window: int = 5, model_prior_c: float = 0.1):
@@ -116,8 +116,8 @@ class CostModel:
     def draft(self, k: int, source: str = MODEL) -> float:
         per_token = self._draft_per_token.get(source)
         if per_token is None:
-            # Not measured yet: a lookup is free, a model costs a typical c of 0.1 target steps a
-            # token (the shipped distilled draft's is 0.11). Only a model round after a model
+            # Not measured yet: a lookup is free, a model costs `model_prior_c` target steps a
+            # token, what a small draft model typically costs. Only a model round after a model
             # round is measured (catch-up excluded), and a hybrid's model rounds seldom follow
             # each other: priced free meanwhile, a model that is seldom right would keep drafting.
             per_token = 0.0 if source == LOOKUP else self.model_prior_c * self.verify(1)

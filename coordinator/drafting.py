@@ -1,4 +1,5 @@
-"""The draft side of one request: fallback to plain decoding, and pipelining.
+"""The draft side of one request: the Proposer interface, fallback to plain decoding, and
+pipelining.
 
 Fallback: a proposer that errors or answers later than `draft_timeout_s` costs one round without
 speculation (k = 0), not the request; speculation is retried `draft_retry_s` later, so a draft
@@ -21,7 +22,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol, TypedDict
 
 from specdec.core.acceptance import DraftProposal
 from specdec.core.draft_source import is_lookup, model_draft_limit
@@ -30,16 +32,68 @@ from specdec.core.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 
+class Proposer(Protocol):
+    """The draft tier as the engine sees it: `DraftClient` (gRPC) and the in-process adapters
+    (specdec/local/in_process.py) implement it."""
+
+    async def propose(
+        self,
+        session_id: str,
+        tokens: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        model_k: int | None = None,
+        affinity: str = "",
+        tree: bool = False,
+    ) -> DraftProposal:
+        """At most k draft tokens to follow `tokens` (the whole committed sequence), drawn under
+        `sampling`. The proposal names its source (`DraftSource`).
+
+        - `model_k`: a draft model among the proposer's drafters proposes at most this many
+          (None: k; 0: lookups only).
+        - `affinity`: the request's cache-affinity key; a proposer over several replicas sends
+          every request with one key to one replica ("": placed by session id).
+        - `tree`: the answer may be a token tree of up to k nodes (parents before children); a
+          proposer that drafts chains ignores it. The engine sets it only with `token_tree` on.
+
+        `DraftSide` passes each of the three only when it differs from its default
+        (`ProposeOptions`), so a proposer that needs none of them (a test's fake) may take the
+        first four alone."""
+
+    async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
+        """Free what the proposer holds for the session; unknown ids are fine. `completion` is the
+        request's output (prompt excluded), which a suffix drafter learns from."""
+
+
+class ProposeOptions(TypedDict, total=False):
+    """The keyword arguments of one `Proposer.propose` call that differ from their defaults."""
+
+    model_k: int
+    affinity: str
+    tree: bool
+
+
 class Drafts(NamedTuple):
     proposal: DraftProposal
     guess: int | None  # the drafter's guess of the token after the drafts (pipelining), or None
     fallback: bool = False  # no drafts because the draft tier failed, was too slow, or is being retried
 
 
+@dataclass(frozen=True)
+class PipelinedCall:
+    """A proposal asked for during the previous round's verification, for the context that round
+    gives if every draft and the guessed bonus are accepted."""
+
+    context: tuple[int, ...]  # the tokens it drafts after: it serves a round that starts from exactly these
+    k: int  # drafts asked for: it serves a round of at most k (a prefix is a draft too)
+    model_k: int | None  # its cap on a draft model's drafts (0: a lookup only)
+    task: asyncio.Task[Drafts]
+
+
 class DraftSide:
     def __init__(
         self,
-        proposer,
+        proposer: Proposer,
         session_id: str,
         sampling: SamplingParams,
         *,
@@ -62,7 +116,7 @@ class DraftSide:
         self.failures = 0  # proposer errors and timeouts
         self.pipelined_hits = 0  # rounds whose drafts were ready when verification ended
         self._retry_at = 0.0
-        self._next: tuple[tuple[int, ...], int, int | None, asyncio.Task] | None = None  # (context, k, model_k, task)
+        self._next: PipelinedCall | None = None
 
     async def propose(self, tokens: Sequence[int], k: int, model_k: int | None = None) -> Drafts:
         """This round's drafts (at most k; at most model_k when a draft model answers) and, when
@@ -72,16 +126,16 @@ class DraftSide:
             return Drafts(DraftProposal([]), None)
         ready = self._next
         self._next = None
-        if ready is not None and ready[0] == tuple(tokens) and ready[1] >= k:
-            drafts = await ready[3]
-            # A hybrid's pipelined call is a lookup only (engine.py): where it found nothing and
-            # the model may draft this round, ask again, now with the model.
-            if drafts.proposal.token_ids or drafts.fallback or ready[2] != 0 or model_k == 0:
+        if ready is not None and ready.context == tuple(tokens) and ready.k >= k:
+            drafts = await ready.task
+            # A hybrid's pipelined call is a lookup only (`DraftLengthPolicy.pipelined_model_k`):
+            # where it found nothing and the model may draft this round, ask again, with the model.
+            if drafts.proposal.token_ids or drafts.fallback or ready.model_k != 0 or model_k == 0:
                 self.pipelined_hits += 1
                 # Asked for more than this round drafts (adaptive k): a prefix is a draft too.
                 return _first(drafts, k, model_k)
         elif ready is not None:
-            await _cancel(ready[3])
+            await _cancel(ready.task)
         return _first(await self._call(list(tokens), k, model_k), k, model_k)
 
     def prefetch(
@@ -96,16 +150,12 @@ class DraftSide:
         if not self.pipeline or guess is None or k_next <= 0 or proposal.parents is not None:
             return
         context = list(tokens) + list(proposal.token_ids) + [guess]
-        self._next = (
-            tuple(context),
-            k_next,
-            model_k_next,
-            asyncio.create_task(self._call(context, k_next, model_k_next)),
-        )
+        task = asyncio.create_task(self._call(context, k_next, model_k_next))
+        self._next = PipelinedCall(tuple(context), k_next, model_k_next, task)
 
     async def cancel_pipelined(self) -> None:
         if self._next is not None:
-            task, self._next = self._next[3], None
+            task, self._next = self._next.task, None
             await _cancel(task)
 
     async def _call(self, tokens: list[int], k: int, model_k: int | None) -> Drafts:
@@ -113,18 +163,11 @@ class DraftSide:
         `_first` splits it into this round's drafts and the guess."""
         if self.clock() < self._retry_at:
             return Drafts(DraftProposal([]), None, fallback=True)
-        extra = 1 if self.pipeline and not self.tree else 0  # a tree has no one next token to guess
-        # Only a real cap travels: a proposer written without model_k keeps working.
-        # A model capped at 0 stays at 0: asked for the guess alone it would run (and catch up on
-        # every token since its last round) in each pipelined call, beside the target's pass.
-        cap = {} if model_k is None or model_k >= k else {"model_k": model_k + extra if model_k else 0}
-        if self.affinity:
-            cap["affinity"] = self.affinity  # likewise: only a proposer that places replicas takes it
-        if self.tree:
-            cap["tree"] = True  # likewise: only a proposer that drafts trees takes it
+        extra = self._guess_slot
         try:
             proposal = await asyncio.wait_for(
-                self.proposer.propose(self.session_id, tokens, k + extra, self.sampling, **cap), self.timeout_s
+                self.proposer.propose(self.session_id, tokens, k + extra, self.sampling, **self._options(k, model_k)),
+                self.timeout_s,
             )
         except Exception as error:  # the draft tier is down, slow or broken: decode without it
             self.failures += 1
@@ -132,6 +175,27 @@ class DraftSide:
             log.warning("draft tier unavailable (%s: %s); k = 0 for %.1f s", type(error).__name__, error, self.retry_s)
             return Drafts(DraftProposal([]), None, fallback=True)
         return Drafts(proposal, None)
+
+    @property
+    def _guess_slot(self) -> int:
+        """1 where each call asks for one token more than the round drafts, the guess of the bonus
+        (pipelining); a tree has no one next token to guess."""
+        return 1 if self.pipeline and not self.tree else 0
+
+    def _options(self, k: int, model_k: int | None) -> ProposeOptions:
+        """The call's keyword arguments, each only where it differs from the Protocol's default:
+        a proposer that needs none of them keeps working."""
+        options = ProposeOptions()
+        if model_k is not None and model_k < k:
+            # The guess rides on the model's cap too; a model capped at 0 stays at 0: asked for the
+            # guess alone it would run (and catch up on every token since its last round) in each
+            # pipelined call, beside the target's pass.
+            options["model_k"] = model_k + self._guess_slot if model_k else 0
+        if self.affinity:
+            options["affinity"] = self.affinity
+        if self.tree:
+            options["tree"] = True
+        return options
 
 
 def _first(drafts: Drafts, k: int, model_k: int | None = None) -> Drafts:

@@ -5,6 +5,12 @@ them in one target pass and returns 1..k+1 tokens, and the engine commits them, 
 stop strings and max_new_tokens. The engine holds the only authoritative token list; both tiers'
 caches are derived from it, which is why either side may lose a session and just prefill again.
 k = 0 is plain decoding through the same path.
+
+What flows through a round, by type: `GenerationRequest` in, checked and tokenized by
+`RequestValidator` (validation.py) into `Prepared`; each round a `RoundPlan` (adaptive.py), the
+`Drafts` of the draft side (drafting.py, where the `Proposer` interface lives), one
+`Verification` (specdec/core/acceptance.py) and the `Committed` tokens and text; out, one `Delta`
+per round.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
@@ -25,42 +31,32 @@ from transformers import PreTrainedTokenizerBase
 from specdec.coordinator import observe
 from specdec.coordinator.adaptive import CostModel, DraftLengthPolicy, RoundPlan
 from specdec.coordinator.chat import ChatMessage, ChatTemplate
-from specdec.coordinator.drafting import Drafts, DraftSide
+from specdec.coordinator.drafting import Drafts, DraftSide, Proposer
 from specdec.coordinator.text import OutputText
+from specdec.coordinator.validation import RequestValidator
 from specdec.core.acceptance import DraftProposal, Verification
-from specdec.core.errors import InvalidArgument
 from specdec.core.sampling import SamplingParams
+from specdec.core.settings import setting
 from specdec.core.tree import is_chain
 
 # A prompt longer than this (characters) is tokenized off the event loop that serves every other
-# request: 1 MiB takes about a second on 2 cores, and the Rust tokenizer releases the GIL (measured).
+# request: tokenizing takes time in proportion to the text, and the Rust tokenizer releases the
+# GIL, so a worker thread runs it beside the loop.
 _TOKENIZE_IN_THREAD_CHARS = 1 << 16
-MAX_AFFINITY_KEY_BYTES = 256  # a cache-affinity key names a kind of request, it carries no content
 
 
 log = logging.getLogger(__name__)
 
 
-class Proposer(Protocol):
-    async def propose(
-        self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
-    ) -> DraftProposal:
-        """At most k draft tokens to follow `tokens` (the whole committed sequence), drawn under
-        `sampling`; a draft model among the proposer's drafters proposes at most `model_k` of
-        them (None: k; 0: lookups only). The proposal names its source (`DraftSource`). A
-        proposer that drafts token trees also takes `tree=True` (the engine passes it only with
-        `token_tree` on) and may then answer a tree of up to k nodes."""
-
-    async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
-        """Free what the proposer holds for the session; unknown ids are fine. `completion` is the
-        request's output (prompt excluded), which a suffix drafter learns from."""
-
-
 class Verifier(Protocol):
+    """The target tier as the engine sees it: `TargetPool` (Ray) and `LocalVerifier` implement it.
+    (The `Proposer`, the draft tier's interface, lives in drafting.py, beside its one caller.)"""
+
     async def verify(
         self, session_id: str, tokens: Sequence[int], proposal: DraftProposal, sampling: SamplingParams
     ) -> Verification:
-        """Check `proposal` after `tokens` in one target pass; returns 1..k+1 tokens to commit."""
+        """Check `proposal` (a chain, or a tree with `parents`) after `tokens` (the whole committed
+        sequence) in one target pass, under `sampling`; returns 1..k+1 tokens to commit."""
 
     async def end_session(self, session_id: str) -> None:
         """Free the session's cache; unknown ids are fine."""
@@ -77,35 +73,55 @@ class TargetInfo(Protocol):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    default_draft_tokens: int = 8  # k for requests that leave speculation.max_draft_tokens at 0
-    max_draft_tokens: int = 16  # the largest k a request may ask for
-    pipeline: bool = True  # request round r+1's drafts while round r is verified
+    # k for requests that leave speculation.max_draft_tokens at 0
+    default_draft_tokens: int = setting(8, "k for requests that leave it unset", type="nonnegative_int")
+    max_draft_tokens: int = setting(16, "largest k a request may ask for", type="positive_int")
+    pipeline: bool = setting(True, "'on': request round r+1's drafts while round r is verified")
     # Ask the draft tier for token trees of up to k nodes (suffix drafting answers them; other
     # drafters answer chains). Tree rounds are not pipelined: "every draft accepted" has no one
     # meaning in a tree.
-    token_tree: bool = False
-    draft_timeout_s: float = 2.0  # a proposal later than this is dropped: that round runs with k = 0
+    token_tree: bool = setting(
+        False, "'on': ask the draft tier for token trees of up to k nodes, verified in one pass (suffix drafting)"
+    )
+    draft_timeout_s: float = setting(
+        2.0, "a proposal later than this is dropped (that round runs with k = 0)", type="positive_seconds"
+    )
     draft_retry_s: float = 1.0  # after a draft failure, rounds run with k = 0 this long
-    adaptive: bool = True  # each round's k from the request's acceptance and the measured costs (adaptive.py)
+    adaptive: bool = setting(  # adaptive.py
+        True, "'on': each round's k from the request's acceptance and the measured costs, at most the request's max"
+    )
     # Adaptive k at 0 still drafts one token every this many rounds, to notice a change; below its
     # limit, one more than the best as often.
     probe_every: int = 8
-    # Load awareness: with more than this many requests generating, rounds run without drafts
-    # (the target tier is saturated: a rejected draft costs another request's verify time). 0: never.
-    speculation_max_running: int = 0
+    # Load awareness: a rejected draft costs another request's verify time.
+    speculation_max_running: int = setting(
+        0,
+        "with more requests generating than this, rounds run without drafts (target saturated); 0: never",
+        type="nonnegative_int",
+    )
     # Load awareness, gradual: the target positions one batched pass should verify for all
     # generating requests together; each request drafts at most budget // running - 1 tokens, so
     # drafts shrink as load grows and stop when every request's share is one position (on a CPU,
     # a pass costs about linearly in its positions beyond a few; a GPU affords a far larger budget).
-    # 0: no budget; -1 (auto): `connect_engine` picks it from the target tier's device.
-    speculation_token_budget: int = 0
+    # 0: no budget; -1 (AUTO, the flag's default): `connect_engine` picks it from the target tier's device.
+    speculation_token_budget: int = setting(
+        0,
+        "target positions per batched pass shared by the generating requests: each drafts at most "
+        "budget / running - 1 tokens; 0: no budget; auto: 16 on a CPU target, none on a GPU",
+        type="nonnegative_int_or_auto",
+        cli_default="auto",
+    )
     # Every round searches the new text for each stop string and holds back any tail that could
     # begin one (coordinator/text.py): the cost grows with their number times their length.
     max_stop_strings: int = 16
     max_stop_chars: int = 256  # the longest stop string
-    # Jinja chat template for requests that send `messages` (--chat-template FILE); None: the
-    # target tokenizer's own (coordinator/chat.py).
-    chat_template: str | None = field(default=None, repr=False)
+    # The template's text (the flag names its file); None: the target tokenizer's own (coordinator/chat.py).
+    chat_template: str | None = setting(
+        None,
+        "Jinja chat template file for requests that send messages (for a model whose tokenizer has none)",
+        metavar="FILE",
+        repr=False,
+    )
 
 
 @dataclass
@@ -169,6 +185,21 @@ class Delta:
     stats: SpeculationStats | None = None
 
 
+class Prepared(NamedTuple):
+    """A request ready for its first round."""
+
+    prompt: list[int]  # the prompt's token ids
+    request: GenerationRequest  # max_new_tokens filled in, and a seed drawn where sampling had none
+
+
+class Committed(NamedTuple):
+    """What one round adds to the authoritative token list, EOS, stop strings and the length
+    limits applied."""
+
+    token_ids: list[int]
+    text: str  # the text that became safe to stream (none that could begin a stop string)
+
+
 class SpeculativeEngine:
     def __init__(
         self,
@@ -186,7 +217,7 @@ class SpeculativeEngine:
         self.target = target
         self.config = config
         self.chat = ChatTemplate(target.tokenizer, config.chat_template)
-        self._longest_token: int | None = None  # characters of the longest vocabulary entry, once needed
+        self.validator = RequestValidator(target, config, self.chat)
         self.costs = CostModel()  # draft and verify costs, learned from every round of every request
         self.draft_sources: set[str] = set()  # source classes the draft tier has answered with (adaptive.plan)
         self.running = 0  # requests generating now (load awareness)
@@ -205,19 +236,18 @@ class SpeculativeEngine:
         try:
             while True:
                 cap = g.draft_room(len(g.tokens))
-                kept, text = await self._round(g, cap, g.policy.plan(cap, self.running))
-                g.tokens.extend(kept)
-                if first_token_s is None and kept:
+                committed = await self._round(g, cap, g.policy.plan(cap, self.running))
+                g.tokens.extend(committed.token_ids)
+                if first_token_s is None and committed.token_ids:
                     first_token_s = self.clock() - started
                 reason = self._finish_reason(g.output, g.generated, len(g.tokens), request)
                 if reason is None:
-                    yield Delta(kept, text)
+                    yield Delta(committed.token_ids, committed.text)
                     continue
-                if not g.output.stopped:
-                    text += g.output.finish()
+                text = committed.text if g.output.stopped else committed.text + g.output.finish()
                 g.stats.seconds = self.clock() - started
                 observe.end_request(first_token_s, g.stats.seconds, g.generated)
-                yield Delta(kept, text, reason, len(prompt), g.stats)
+                yield Delta(committed.token_ids, text, reason, len(prompt), g.stats)
                 return
         finally:
             self.running -= 1
@@ -227,16 +257,14 @@ class SpeculativeEngine:
                 self.verifier.end_session(g.session_id),
             )
 
-    async def _round(self, g: _Generation, cap: int, planned: RoundPlan) -> tuple[list[int], str]:
+    async def _round(self, g: _Generation, cap: int, planned: RoundPlan) -> Committed:
         """One round, at most `cap` drafts: drafts, one verify pass (the next round's drafts asked
-        for meanwhile), commit. Returns the tokens kept (EOS, stop strings and the length limits
-        applied) and their text."""
+        for meanwhile), commit."""
         with observe.round_span(self.tracer, g.stats.rounds, cap, planned.why) as span:
             hits = g.drafts.pipelined_hits
             t0 = self.clock()
-            proposal, guess, fallback = self._in_vocabulary(
-                await g.drafts.propose(g.tokens, planned.k, planned.model_k)
-            )
+            drafts = self._in_vocabulary(await g.drafts.propose(g.tokens, planned.k, planned.model_k))
+            proposal, fallback = drafts.proposal, drafts.fallback
             t1 = self.clock()
             verifying = asyncio.ensure_future(
                 self.verifier.verify(g.session_id, g.tokens, proposal, g.request.sampling)
@@ -245,12 +273,13 @@ class SpeculativeEngine:
             # or one if it drafted none (a prefix of a longer draft serves too).
             next_room = g.draft_room(len(g.tokens) + len(proposal.token_ids) + 1)
             next_model_k = g.policy.pipelined_model_k(planned.model_k)
-            g.drafts.prefetch(g.tokens, proposal, guess, min(max(planned.k, 1), next_room), next_model_k)
+            g.drafts.prefetch(g.tokens, proposal, drafts.guess, min(max(planned.k, 1), next_room), next_model_k)
             result = await verifying
             t2 = self.clock()
-            kept, text = g.output.add(result.accepted_ids[: g.room()])
+            committed = Committed(*g.output.add(result.accepted_ids[: g.room()]))
             observe.end_round(
-                span, proposed=len(proposal.token_ids), accepted=result.num_accepted, committed=len(kept),
+                span, proposed=len(proposal.token_ids), accepted=result.num_accepted,
+                committed=len(committed.token_ids),
                 fallback=fallback, pipelined=g.drafts.pipelined_hits > hits, draft_s=t1 - t0, verify_s=t2 - t1,
                 source=proposal.source if proposal.token_ids else "",
                 tree=proposal.parents is not None and not is_chain(proposal.parents),
@@ -260,7 +289,7 @@ class SpeculativeEngine:
         g.stats.draft_wait_s += t1 - t0
         g.stats.verify_wait_s += t2 - t1
         g.stats.pipelined_rounds, g.stats.draft_failures = g.drafts.pipelined_hits, g.drafts.failures
-        return kept, text
+        return committed
 
     def _in_vocabulary(self, drafts: Drafts) -> Drafts:
         """A draft tier serving another vocabulary (a misconfigured pair) must not fail the
@@ -292,71 +321,15 @@ class SpeculativeEngine:
         except TimeoutError:
             pass
 
-    def prepare(self, request: GenerationRequest) -> tuple[list[int], GenerationRequest]:
-        """Validate every field (InvalidArgument names the first bad one), tokenize, draw a seed."""
-        given = [name for name in ("prompt", "prompt_token_ids", "messages") if getattr(request, name)]
-        if len(given) > 1:
-            raise InvalidArgument(given[0], f"give prompt or prompt_token_ids or messages, not {' and '.join(given)}")
-        max_context = self.target.max_context
-        if request.prompt or request.messages:
-            field_name = "messages" if request.messages else "prompt"
-            text = self.chat.render(request.messages) if request.messages else request.prompt
-            # Refused before tokenizing, which takes seconds per MiB: no token covers more
-            # characters than its own entry in the vocabulary, so a longer text cannot fit.
-            if len(text) > max_context and len(text) > max_context * self._longest():
-                raise InvalidArgument(
-                    field_name,
-                    f"has {len(text)} characters, more than the model's context of {max_context} tokens can hold",
-                )
-            prompt = self.chat.encode(text) if request.messages else self.target.tokenizer(text)["input_ids"]
-        else:
-            prompt = list(request.prompt_token_ids)
-            if max_context <= len(prompt):
-                raise InvalidArgument(
-                    "prompt", f"has {len(prompt)} tokens; the model's context is {max_context}"
-                )  # before scanning millions of ids
-            bad = [t for t in prompt if not 0 <= t < self.target.vocab_size]
-            if bad:
-                raise InvalidArgument("prompt_token_ids", f"token id {bad[0]} is outside [0, {self.target.vocab_size})")
-        if not prompt:
-            raise InvalidArgument("prompt", "is empty")
-        if len(prompt) >= max_context:
-            raise InvalidArgument("prompt", f"has {len(prompt)} tokens; the model's context is {max_context}")
-        room = self.target.max_context - len(prompt)
+    def prepare(self, request: GenerationRequest) -> Prepared:
+        """Validate every field and tokenize the prompt (`RequestValidator.check`: InvalidArgument
+        names the first bad field), fill in max_new_tokens, draw a seed where sampling has none."""
+        valid = self.validator.check(request)
         if request.max_new_tokens is None:
-            request = replace(request, max_new_tokens=room)
-        if not isinstance(request.max_new_tokens, int) or not 1 <= request.max_new_tokens <= room:
-            raise InvalidArgument(
-                "max_new_tokens", f"must be in [1, {room}] for this prompt, got {request.max_new_tokens!r}"
-            )
-        request.sampling.validate()
-        if any(not isinstance(s, str) for s in request.stop):
-            raise InvalidArgument("stop", "must be strings")
-        if len(request.stop) > self.config.max_stop_strings:
-            raise InvalidArgument("stop", f"at most {self.config.max_stop_strings} strings, got {len(request.stop)}")
-        if (longest := max(map(len, request.stop), default=0)) > self.config.max_stop_chars:
-            raise InvalidArgument("stop", f"each at most {self.config.max_stop_chars} characters, got {longest}")
-        if (
-            not isinstance(request.max_draft_tokens, int)
-            or not 0 <= request.max_draft_tokens <= self.config.max_draft_tokens
-        ):
-            raise InvalidArgument(
-                "speculation.max_draft_tokens",
-                f"must be in [0, {self.config.max_draft_tokens}], got {request.max_draft_tokens!r}",
-            )
-        key = request.cache_affinity_key
-        if not isinstance(key, str) or len(key.encode()) > MAX_AFFINITY_KEY_BYTES:
-            raise InvalidArgument(
-                "speculation.cache_affinity_key", f"must be a string of at most {MAX_AFFINITY_KEY_BYTES} bytes"
-            )
+            request = replace(request, max_new_tokens=valid.max_new_tokens)
         if not request.sampling.greedy and request.sampling.seed is None:
             request = replace(request, sampling=replace(request.sampling, seed=secrets.randbits(63)))
-        return prompt, request
-
-    def _longest(self) -> int:
-        if self._longest_token is None:
-            self._longest_token = max(map(len, self.target.tokenizer.get_vocab()), default=1)
-        return self._longest_token
+        return Prepared(valid.prompt, request)
 
     def _finish_reason(
         self, output: OutputText, generated: int, length: int, request: GenerationRequest

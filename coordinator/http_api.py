@@ -364,8 +364,8 @@ class HttpServer:
         """Bind and serve; returns the bound port. A busy port raises OSError."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that name it, and
-        # without it a response's second write waits out the client's delayed ACK (40 ms a
-        # request on a kept-alive connection, measured).
+        # without it a response's second write waits out the client's delayed-ACK timer (Nagle's
+        # algorithm), once a request on a kept-alive connection.
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -35,6 +35,7 @@ from specdec.coordinator.convert import request_from_proto, response_to_proto
 from specdec.coordinator.engine import Delta, SpeculativeEngine
 from specdec.coordinator.http_api import HttpApi, HttpServer
 from specdec.core import wire
+from specdec.core.settings import setting
 from specdec.draft_service.auth import BearerAuth
 from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
@@ -47,23 +48,35 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 # in, unbounded out) would let a response grow without limit.
 MAX_MESSAGE_BYTES = 16 << 20
 SERVER_OPTIONS = wire.server_options(MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES)
+HTTP_PORT = 8000  # the OpenAI-compatible API's, as vLLM's
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 50051  # 0 picks a free port
-    max_inflight: int = 64  # requests generating at once; more get RESOURCE_EXHAUSTED
-    grace_s: float = 10.0  # on stop, calls in flight get this long to finish
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(50051, "port to bind; 0 picks a free one (printed at start)", type="port")
+    max_inflight: int = setting(64, "requests generating at once; more get RESOURCE_EXHAUSTED", type="positive_int")
+    grace_s: float = setting(10.0, "seconds calls in flight get to finish after SIGTERM", type="seconds")
     # The OpenAI-compatible HTTP API (http_api.py) on host:http_port; 0 picks a free port, None
     # serves none (the CLI's --http-port 0).
-    http_port: int | None = None
-    served_model_name: str | None = None  # the model's id on the HTTP API; None: the target's name
+    http_port: int | None = setting(
+        None,
+        "port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions) on the same host; 0: none",
+        type="port",
+        cli_default=HTTP_PORT,
+    )
+    served_model_name: str | None = setting(None, "the model's id in the HTTP API (default: the target model's name)")
     # (certificate chain PEM, private key PEM): serve TLS on the port; None serves plaintext.
     tls: tuple[bytes, bytes] | None = field(default=None, repr=False)
     # Calls on both APIs must carry `authorization: Bearer <api_key>` (health exempt): gRPC
     # UNAUTHENTICATED, HTTP 401 without it. None: no key.
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = setting(
+        None,
+        "clients of both APIs must send 'authorization: Bearer <key>' (health exempt); "
+        "prefer the env variable: flags show in ps",
+        repr=False,
+        secret=True,
+    )
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServiceServicer):

@@ -12,11 +12,10 @@ at its absolute position, and q travels with the proposal for the acceptance tes
 
 Greedy drafts stop early at the first token the draft itself is unsure of (its probability below
 `min_confidence`, as transformers' assisted generation does with assistant_confidence_threshold):
-a weak draft's confident guesses are right far more often than its average one (the distilled
-draft on free continuation: 40% of the tokens it gives at least 0.3 are the target's, 14% of
-the rest), and an unsure token costs a verify position that it rarely pays back. The stop
-depends on the draft alone, so greedy output is unchanged. Sampled requests keep their k: their
-output depends on how the drafts were cut.
+a weak draft's confident guesses are right far more often than its average one (the shipped
+distilled draft's figures: docs/distilled-draft.md), and an unsure token costs a verify
+position that it rarely pays back. The stop depends on the draft alone, so greedy output is
+unchanged. Sampled requests keep their k: their output depends on how the drafts were cut.
 """
 
 from __future__ import annotations

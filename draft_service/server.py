@@ -28,6 +28,7 @@ from specdec.core import draft_source
 from specdec.core.errors import InvalidArgument
 from specdec.core.packing import pack_probs
 from specdec.core.sampling import SamplingParams
+from specdec.core.settings import setting
 from specdec.core.wire import MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_BYTES, SESSION_MISS, server_options
 from specdec.draft_service import metrics
 from specdec.draft_service.auth import BearerAuth
@@ -55,14 +56,27 @@ SERVER_OPTIONS = server_options(MAX_PROPOSE_REQUEST_BYTES, MAX_PROPOSE_RESPONSE_
 
 @dataclass(frozen=True)
 class ServerConfig:
-    # local dir, .gguf file, hub id, "ngram" or "suffix" (no model), "hybrid:<model spec>" or "suffix:<model spec>"
-    draft_model: str = "ngram"
-    host: str = "127.0.0.1"
-    port: int = 50052  # 0 picks a free port
-    metrics_port: int = 9465  # Prometheus /metrics on `host`; 0 picks a free port
-    grace_s: float = 10.0  # after SIGTERM, in-flight calls get this long to finish
-    drain_delay_s: float = 0.0  # NOT_SERVING this long before refusing calls, so balancers move first
-    auth_token: str | None = field(default=None, repr=False)  # calls must carry it (Bearer); None: no check
+    draft_model: str = setting(
+        "ngram",
+        "local dir, .gguf file, hub id, 'ngram' (prompt lookup, no model), 'suffix' (suffix decoding over "
+        "the request and earlier completions, no model), 'hybrid:<model>' (prompt lookup where the context "
+        "repeats, the model elsewhere) or 'suffix:<model>' (suffix decoding where it matches, the model elsewhere)",
+    )
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(50052, "port to bind; 0 picks a free one (printed at start)", type="port")
+    metrics_port: int = setting(9465, "Prometheus metrics port (on --host); 0 picks a free one", type="port")
+    grace_s: float = setting(10.0, "seconds in-flight calls get to finish after SIGTERM", type="seconds")
+    # So that balancers move first.
+    drain_delay_s: float = setting(
+        0.0, "seconds to report NOT_SERVING before refusing calls after SIGTERM", type="seconds"
+    )
+    auth_token: str | None = setting(  # None: no check
+        None,
+        "calls but health checks must carry 'authorization: Bearer <token>' "
+        "(prefer the env variable: flags show in ps)",
+        repr=False,
+        secret=True,
+    )
     draft: DraftConfig = field(default_factory=DraftConfig)
     suffix: SuffixConfig = field(default_factory=SuffixConfig)  # for the suffix drafters only
 

@@ -12,7 +12,9 @@ and the two can never disagree about which sessions exist.
 
 Model calls are batched continuously: calls queue, and one worker takes whatever is waiting (up
 to `max_batch`, one call per session) whenever the model is free, and runs
-`ModelDrafter.propose_batch` in a thread. The n-gram drafter costs microseconds and runs inline.
+`ModelDrafter.propose_batch` in a thread. Lookups (the n-gram and suffix drafters, a hybrid's
+lookup rounds) need no model and are answered inline. A suffix drafter learns each request's
+completion from its `end_session`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from specdec.core.draft_source import model_draft_limit
 from specdec.core.errors import InvalidArgument
 from specdec.core.sampling import SamplingParams
 from specdec.core.session_store import SessionStore
+from specdec.core.settings import setting
 from specdec.draft_service import metrics
 from specdec.draft_service.ngram import NgramDrafter
 from specdec.draft_service.suffix import SuffixConfig, SuffixDrafter
@@ -44,17 +47,27 @@ if TYPE_CHECKING:  # transformers takes seconds to import; an n-gram replica nev
 
 @dataclass(frozen=True)
 class DraftConfig:
-    max_draft_tokens: int = 32  # the largest k a call may ask for
-    max_batch: int = 16  # most calls one batched model step serves
-    max_queue: int = 256  # calls waiting for the model beyond this are refused (RESOURCE_EXHAUSTED)
-    max_sessions: int = 256  # sessions kept per replica (LRU beyond)
-    # Token positions kept over all sessions (LRU beyond). Gemma 3 270M in fp32 holds at most
-    # 18 layers x 2 x 256 x 4 B = 36 KiB of KV per position, so 65,536 positions is ~2.3 GiB.
-    max_cached_tokens: int = 65536
-    session_ttl_s: float | None = 300.0  # idle sessions (their coordinator died) expire after this; None: never
-    # Greedy model drafts stop before a token the draft gives less (model_drafter.py); None: the
-    # draft's own threshold (a distilled draft's draft.json), else 0 (off).
-    min_confidence: float | None = None
+    max_draft_tokens: int = setting(32, "largest k a call may ask for", type="positive_int")
+    max_batch: int = setting(16, "most Propose calls one batched model step serves", type="positive_int")
+    max_queue: int = setting(256, "calls waiting for the model beyond this get RESOURCE_EXHAUSTED", type="positive_int")
+    max_sessions: int = setting(
+        256, "sessions kept per replica (least recently used evicted beyond)", type="positive_int"
+    )
+    # Gemma 3 270M in fp32 holds at most 18 layers x 2 x 256 x 4 B = 36 KiB of KV per position,
+    # so 65,536 positions is ~2.3 GiB.
+    max_cached_tokens: int = setting(65536, "token positions kept over all sessions (LRU beyond)", type="positive_int")
+    # Idle sessions (their coordinator died) expire after this; None (the flag's 0): never.
+    session_ttl_s: float | None = setting(
+        300.0, "seconds an idle session is kept; 0 keeps it until LRU evicts it", type="seconds"
+    )
+    # None: the draft's own threshold (a distilled draft's draft.json), else 0 (off).
+    min_confidence: float | None = setting(
+        None,
+        "greedy model drafts stop before a token the draft gives less probability than this (model_drafter.py); "
+        "0 = off, auto = the draft's own (a distilled draft's draft.json), else off",
+        type="probability_or_auto",
+        cli_default="auto",
+    )
 
 
 class SessionMiss(Exception):

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.core.settings import setting
+
 _END = -1  # between completions in the cache: no match or draft crosses it
 _NONE = -2  # outside the cache's live window
 _MAX_SCANNED = 4096  # most recent occurrences of a token read from the cache's index per call
@@ -49,7 +51,12 @@ class SuffixConfig:
     evidence_prior: float = 4.0  # the weight of "none of the candidates" in every path score
     match_power: float = 3.0  # a candidate matching L tokens weighs L ** match_power
     max_candidates: int = 64  # most recent occurrences considered per source, after narrowing
-    max_cached_tokens: int = 1 << 20  # completion tokens kept (4 MiB ring, index up to ~50 MiB), oldest out first
+    max_cached_tokens: int = setting(  # 4 MiB ring, index up to ~50 MiB
+        1 << 20,
+        "completion tokens a suffix drafter ('suffix', 'suffix:SPEC') keeps from earlier requests, oldest out first",
+        flag="suffix-cache-tokens",
+        type="positive_int",
+    )
 
     def __post_init__(self):
         if self.max_match < 1:

@@ -1,5 +1,5 @@
 """Public faces without import cost: a package lists what its callers use, and each name is
-imported from its module on first use, so `import specdec.core.flag_types` does not load torch
+imported from its module on first use, so `import specdec.cli.config_flags` does not load torch
 and `specdec generate` does not load transformers."""
 
 from __future__ import annotations

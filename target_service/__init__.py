@@ -1,10 +1,14 @@
-"""The target tier: the verifier (one batched target pass per round), the Ray actor that serves
-it, and the pool that places sessions on actors and resends a lost context."""
+"""The target tier: the scheduler (admission, token budget, chunking, preemption: a named plan
+per pass), the verifier (runs a plan in one batched target pass and applies the acceptance rule),
+the Ray actor that serves it, and the pool that places sessions on actors and resends a lost
+context."""
 
 from specdec._exports import lazy_exports
 
 _EXPORTS = {
     "TargetVerifier": "verifier",
+    "Scheduler": "scheduler",
+    "PassPlan": "scheduler",
     "TargetActor": "actor",
     "ActorConfig": "actor",
     "TargetPool": "pool",

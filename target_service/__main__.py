@@ -20,96 +20,52 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from specdec.core import flag_types
+from specdec.cli.config_flags import add_flags, from_flags
+from specdec.core.settings import setting
 from specdec.target_service.actor import ActorConfig
 from specdec.target_service.pool import NAMESPACE, PREFIX, actor_names, keep, launch
 
 
-def _parser() -> argparse.ArgumentParser:
-    defaults = ActorConfig()
-    p = argparse.ArgumentParser(prog="specdec target", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)"
-    )
-    p.add_argument("--replicas", type=int, default=1, help="actors in the pool (a GPU each when there are GPUs)")
-    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray)")
-    p.add_argument(
-        "--ray-join",
-        default=None,
-        type=flag_types.gcs_address,
-        metavar="HOST:PORT",
-        help="GCS address of the Ray cluster to join as a node of this process's own (no CPUs or GPUs), "
+@dataclass(frozen=True)
+class PoolCommand:
+    """What `specdec target` is told besides the actors' `ActorConfig`."""
+
+    replicas: int = setting(1, "actors in the pool (a GPU each when there are GPUs)")
+    address: str | None = setting(None, "Ray cluster address (default: start a local Ray)")
+    ray_join: str | None = setting(
+        None,
+        "GCS address of the Ray cluster to join as a node of this process's own (no CPUs or GPUs), "
         "instead of a Ray Client through the head's client server; replaces --address",
+        type="gcs_address",
+        metavar="HOST:PORT",
     )
-    p.add_argument("--namespace", default=NAMESPACE)
-    p.add_argument("--name", default=PREFIX, help="actor name prefix: actors are <name>-0 .. <name>-(n-1)")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
-    p.add_argument("--max-batch", type=int, default=defaults.max_batch)
-    p.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
-    p.add_argument("--max-cached-tokens", type=int, default=defaults.max_cached_tokens)
-    p.add_argument(
-        "--max-queue", type=int, default=defaults.max_queue, help="rounds an actor queues; more are placed elsewhere"
-    )
-    p.add_argument(
-        "--kv-cache-bytes",
-        type=flag_types.byte_size,
-        default=None,
-        help="each actor's KV block pool, e.g. 4GiB (default: 90%% of free GPU memory, a quarter of free RAM)",
-    )
-    p.add_argument(
-        "--max-pass-tokens",
+    namespace: str = setting(NAMESPACE, "Ray namespace of the pool")
+    name: str = setting(PREFIX, "actor name prefix: actors are <name>-0 .. <name>-(n-1)")
+    num_cpus: int | None = setting(None, "CPUs of the local Ray (default: all)", type=int)
+    cpus_per_actor: int | None = setting(  # ActorConfig.cpus, once known
+        None,
+        "on CPU nodes: CPUs (and torch threads) per actor (default: a local Ray's CPUs shared out, 1 on a cluster)",
         type=int,
-        default=defaults.max_pass_tokens,
-        help="new tokens one forward pass takes; longer prefills go in chunks",
     )
-    p.add_argument(
-        "--compile",
-        choices=flag_types.COMPILE_MODES,
-        default=defaults.compile,
-        help="decode-shaped passes through torch.compile: inductor, or cudagraphs (inductor with CUDA graphs; "
-        "GPU actors only); compiled when an actor starts (default: off)",
-    )
-    p.add_argument("--session-ttl", type=float, default=defaults.session_ttl_s, help="seconds an idle session is kept")
-    p.add_argument(
-        "--metrics-host",
-        default=defaults.metrics_host,
-        help="address each actor serves Prometheus metrics on (0.0.0.0 in a cluster)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=flag_types.port,
-        default=defaults.metrics_port,
-        help="each actor's metrics port: the first free one from here on; 0 picks any",
-    )
-    p.add_argument(
-        "--gpus-per-actor",
-        type=float,
-        default=None,
-        help="GPUs Ray reserves per actor (default: 1 when the cluster has GPUs, else 0)",
-    )
-    p.add_argument(
-        "--cpus-per-actor",
-        type=int,
-        default=None,
-        help="on CPU nodes: CPUs (and torch threads) per actor "
-        "(default: a local Ray's CPUs shared out, 1 on a cluster)",
-    )
-    p.add_argument("--full-precision", action="store_true", help="fp32 on GPUs too (CPU is always fp32)")
-    p.add_argument(
-        "--keep",
-        type=flag_types.seconds,
-        default=0.0,
-        help="with --address: stay, and every this many seconds recreate missing actors and drain extra ones "
+    keep: float = setting(
+        0.0,
+        "with --address: stay, and every this many seconds recreate missing actors and drain extra ones "
         "(0: create or resize once and return)",
+        type="seconds",
     )
-    p.add_argument(
-        "--drain-timeout",
-        type=flag_types.seconds,
-        default=60.0,
-        help="seconds an actor being removed gets to finish its queued rounds (its sessions move at once)",
+    drain_timeout: float = setting(
+        60.0,
+        "seconds an actor being removed gets to finish its queued rounds (its sessions move at once)",
+        type="seconds",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specdec target", description=__doc__.splitlines()[0])
+    add_flags(p, PoolCommand)
+    add_flags(p, ActorConfig)
     return p
 
 
@@ -143,20 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def config_from(args: argparse.Namespace) -> ActorConfig:
-    return ActorConfig(
-        target_model=args.target_model,
-        max_batch=args.max_batch,
-        max_sessions=args.max_sessions,
-        max_cached_tokens=args.max_cached_tokens,
-        max_queue=args.max_queue,
-        kv_cache_bytes=args.kv_cache_bytes,
-        max_pass_tokens=args.max_pass_tokens,
-        compile=args.compile,
-        session_ttl_s=args.session_ttl,
-        half_precision=not args.full_precision,
-        metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port,
-    )
+    return from_flags(ActorConfig, args)
 
 
 _CUT_OFF = (

@@ -1,13 +1,21 @@
-"""The Ray actor around the verifier: continuous batching of queued verify calls.
+"""The Ray actor around the engine: continuous batching of queued verify calls.
+
+The actor owns the queue, the worker loop that feeds the engine, the look-ahead
+(`lookahead.py`), and what a call sees: replies, spans, metrics. It decides nothing about a pass:
+admission, the token budget, chunking, pinning and preemption are the scheduler's
+(`scheduler.py`), the forward and the acceptance rule the verifier's (`verifier.py`).
 
 Ray delivers concurrent `verify` calls to this async actor; each waits on a future while one
 worker task runs the engine whenever the model is free: one pass (`TargetVerifier.step`, in a
 thread, so the event loop keeps accepting calls meanwhile) over the oldest `max_batch` queued
-rounds; a round the pass did not finish (a prefill chunk went in, or its blocks were short) goes
-back to the head of the queue. The queue is bounded: beyond `max_queue` a round is answered
-`overloaded` at once and the pool places the session on another actor. A round that is bad in
-itself fails alone. A restarted actor has lost its caches: every session then answers `miss`
-once and is re-prefilled by the pool.
+rounds, each admitted (`Scheduler.admit`) when it first reaches the engine; a round the pass did
+not finish (a prefill chunk went in, or its blocks were short) goes back to the head of the
+queue, so no round is overtaken by later ones. Before a pass the worker gathers: it waits a
+bounded time for the sessions the last pass answered to send their next rounds, since a round
+that misses a pass waits a whole pass. The queue is bounded: beyond `max_queue` a round is
+answered `overloaded` at once and the pool places the session on another actor. A round that is
+bad in itself fails alone, and a pass that fails fails its rounds, never the worker. A restarted
+actor has lost its caches: every session then answers `miss` once and is re-prefilled by the pool.
 """
 
 from __future__ import annotations
@@ -29,18 +37,15 @@ from opentelemetry.propagate import extract
 
 from specdec.core.acceptance import DraftProposal
 from specdec.core.session_store import SessionStore
+from specdec.core.settings import setting
 from specdec.drafts.loading import load_model
+from specdec.runtime.compiled import COMPILE_MODES
 from specdec.target_service import metrics
 from specdec.target_service.lookahead import Ahead, plain
 from specdec.target_service.protocol import VerifyReply, VerifyRequest
 from specdec.target_service.ray_cluster import watch_cluster
-from specdec.target_service.verifier import (
-    DEFAULT_PASS_TOKENS,
-    ItemRejected,
-    TargetVerifier,
-    VerifyItem,
-    cached_tokens,
-)
+from specdec.target_service.scheduler import DEFAULT_PASS_TOKENS, ItemRejected, VerifyItem, cached_tokens
+from specdec.target_service.verifier import TargetVerifier
 from specdec.telemetry.metrics import MetricsServer
 from specdec.telemetry.tracing import configure_tracing
 
@@ -49,12 +54,25 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ActorConfig:
-    target_model: str | None = None  # load_model spec; None = the embedded default
-    max_batch: int = 32  # rounds verified in one forward pass at most
-    max_queue: int = 256  # rounds waiting beyond this are answered `overloaded`
-    kv_cache_bytes: int | None = None  # the KV pool; None: 90% of free GPU memory, a quarter of free RAM
-    max_pass_tokens: int = DEFAULT_PASS_TOKENS  # new tokens per forward pass (longer prefills go in chunks)
-    compile: str = "off"  # decode-shaped passes through torch.compile: off, inductor, cudagraphs (CUDA)
+    target_model: str | None = setting(  # load_model spec
+        None, "local dir, .gguf file or hub id (default: embedded Gemma 3 270M)"
+    )
+    max_batch: int = setting(32, "rounds verified in one forward pass at most")
+    max_queue: int = setting(256, "rounds an actor queues; more are answered `overloaded` and placed elsewhere")
+    kv_cache_bytes: int | None = setting(
+        None,
+        "each actor's KV block pool, e.g. 4GiB (default: 90% of free GPU memory, a quarter of free RAM)",
+        type="byte_size",
+    )
+    max_pass_tokens: int = setting(
+        DEFAULT_PASS_TOKENS, "new tokens one forward pass takes; longer prefills go in chunks"
+    )
+    compile: str = setting(
+        "off",
+        "decode-shaped passes through torch.compile: inductor, or cudagraphs (inductor with CUDA graphs; "
+        "GPU actors only); compiled when an actor starts",
+        choices=COMPILE_MODES,
+    )
     # Before a pass, the worker waits for the sessions answered by the last pass to send their
     # next rounds (each coordinator answers its streams one after another, a few ms apart), at
     # most `gather_fraction` of the last pass's time and never past `gather_s`: a round that
@@ -62,13 +80,23 @@ class ActorConfig:
     gather_s: float = 0.05
     gather_fraction: float = 0.5
     lookahead: bool = True  # decode a round ahead for sessions without drafts (target_service/lookahead.py)
-    max_sessions: int = 256  # cached sessions per actor (LRU beyond)
-    max_cached_tokens: int = 262_144  # summed cached positions per actor (LRU beyond)
-    session_ttl_s: float = 600.0  # idle sessions expire (a coordinator that died never ends them)
-    half_precision: bool = True  # bf16 weights when on a GPU; fp32 on CPU always
-    metrics_host: str = "127.0.0.1"  # Prometheus /metrics of the actor
-    metrics_port: int = 9466  # the first free port from here on (actors sharing a node count up); 0 picks any
-    gpus: float | None = None  # GPUs Ray reserves per actor; None: 1 when the cluster (or this machine) has any
+    max_sessions: int = setting(256, "cached sessions per actor (LRU beyond)")
+    max_cached_tokens: int = setting(262_144, "summed cached positions per actor (LRU beyond)")
+    # A coordinator that died never ends its sessions.
+    session_ttl_s: float = setting(600.0, "seconds an idle session is kept")
+    half_precision: bool = setting(  # bf16 weights when on a GPU
+        True, "fp32 on GPUs too (CPU is always fp32)", flag="full-precision", action="store_false"
+    )
+    metrics_host: str = setting("127.0.0.1", "address each actor serves Prometheus metrics on (0.0.0.0 in a cluster)")
+    metrics_port: int = setting(  # actors sharing a node count up
+        9466, "each actor's metrics port: the first free one from here on; 0 picks any", type="port"
+    )
+    gpus: float | None = setting(
+        None,
+        "GPUs Ray reserves per actor (default: 1 when the cluster, or this machine, has GPUs, else 0)",
+        flag="gpus-per-actor",
+        type=float,
+    )
     cpus: int = 1  # on a CPU node: the CPUs Ray reserves for the actor and the torch threads it runs
     trace_in_memory: bool = False  # keep finished spans for `finished_spans` (tests)
     trace_file: str | None = None  # also append finished spans here as JSON lines (`specdec up`)
@@ -126,7 +154,8 @@ class TargetActor:
         self.metrics = MetricsServer(config.metrics_host, config.metrics_port, search=64)
         # A node of a replaced cluster (its head restarted without GCS fault tolerance) serves
         # nobody: end it now, so that its pod restarts into the new cluster, where the pool
-        # keeper recreates this actor (Ray ends it too, but 2 to 50 s later).
+        # keeper recreates this actor (Ray ends it too, but only once its own failure detection
+        # notices, while the node keeps holding sessions that no coordinator can reach).
         self._left = threading.Event()
         if ray.is_initialized():
             watch_cluster(ray.get_runtime_context().gcs_address, _end_node, self._left)
@@ -375,41 +404,23 @@ class TargetActor:
                 round_.settle(VerifyReply(result, held=len(round_.item.tokens) + result.num_accepted))
 
     def _admit(self, round_: _Round) -> bool:
-        """Resolve a round's context when it first reaches the engine; False when it is settled
-        already (a miss, or a request beyond the model's context)."""
+        """Admit a round when it first reaches the engine (`Scheduler.admit`); False when it is
+        settled already (a miss, or a request beyond the model's context)."""
         request = round_.request
-        context = self._context(request)
-        if context is None:
+        admitted = self.verifier.scheduler.admit(request)
+        if admitted is None:
             metrics.VERIFY_MISSES.inc()
             round_.settle(VerifyReply(None, miss=True))
             return False
-        if len(context) + len(request.draft_ids) > self.loaded.max_context:
-            # The engine never asks this; a caller that does gets a clear error, not a wrong answer.
-            round_.settle(
-                VerifyReply(
-                    None,
-                    error=f"{len(context)} tokens plus {len(request.draft_ids)} drafts exceed "
-                    f"the model's context of {self.loaded.max_context}",
-                )
-            )
+        if isinstance(admitted, ItemRejected):
+            round_.settle(VerifyReply(None, error=str(admitted)))
             return False
-        round_.item = VerifyItem(request.session_id, context, _proposal(request), request.sampling)
+        round_.item = admitted
         # One span per round, in the trace of the request it belongs to, though the rounds of
         # many requests share the forward pass.
         tracer = trace.get_tracer("specdec.target")
         round_.span = tracer.start_span("specdec.verify", context=extract(request.trace_carrier))
         return True
-
-    def _context(self, request: VerifyRequest) -> list[int] | None:
-        """The full committed sequence, or None when this actor lacks the prefix it should hold."""
-        if request.committed_len == 0:
-            return list(request.new_tokens)
-        if request.session_id not in self.verifier.sessions:
-            return None
-        held = self.verifier.sessions[request.session_id].tokens
-        if len(held) < request.committed_len:
-            return None
-        return held[: request.committed_len] + list(request.new_tokens)
 
 
 @dataclass
@@ -448,10 +459,6 @@ def _set(future: asyncio.Future, reply: VerifyReply | None, error: Exception | N
         future.set_exception(error)
     else:
         future.set_result(reply)
-
-
-def _proposal(request: VerifyRequest) -> DraftProposal:
-    return DraftProposal(list(request.draft_ids), request.draft_probs, parents=request.draft_parents)
 
 
 def _end_node() -> None:

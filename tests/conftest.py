@@ -8,9 +8,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test may reach a hub
 
+from tiny import make_tiny_model  # noqa: E402
+
 from specdec.drafts.loading import load_model
 from specdec.runtime.models import LoadedModel  # noqa: E402
-from specdec.runtime.tiny import make_tiny_model  # noqa: E402
 
 TINY_KINDS = ("llama", "gpt2", "gemma3")
 

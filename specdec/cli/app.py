@@ -22,13 +22,13 @@ import os
 import sys
 import time
 
-from specdec.core import flag_types
+from specdec.cli.config_flags import add_flags, from_flags
 from specdec.drafts.shipped_draft import AUTO, resolve_drafter
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 API_KEY_ENV = "SPECDEC_API_KEY"  # `specdec up`'s and `specdec generate`'s --api-key default
 # Prompt lookup drafts well when the output repeats the prompt, as code does: the embedded model
-# writes sub, mul and div after this, with about 60% of the drafts accepted.
+# writes sub, mul and div after this, with most of the drafts accepted.
 DEMO_PROMPT = "def add(a: int, b: int) -> int:\n    return a + b\n\n\ndef sub("
 
 
@@ -79,46 +79,17 @@ def _generate_parser(sub) -> None:
 
 
 def _add_stack_flags(p: argparse.ArgumentParser, port: int) -> None:
-    from specdec.coordinator.flags import HTTP_PORT, add_engine_flags, add_http_flags, plain_flag
+    from specdec.coordinator.engine import EngineConfig
+    from specdec.coordinator.server import HTTP_PORT, ServerConfig
+    from specdec.local.stack import StackConfig
 
     _add_model_flags(p)
-    p.add_argument("--target-replicas", type=int, default=1, help="target actors on the local Ray (default 1)")
-    p.add_argument(
-        "--kv-cache-bytes",
-        type=flag_types.byte_size,
-        default=None,
-        help="each target actor's KV block pool, e.g. 4GiB (default: a quarter of free RAM, 90%% of free GPU memory)",
+    add_flags(p, StackConfig, defaults={"metrics_port": 9464 if port else 0})
+    # demo (port 0) serves no HTTP; --api-key is _add_api_key_flag's
+    add_flags(
+        p, ServerConfig, skip=("grace_s", "api_key"), defaults={"port": port, "http_port": HTTP_PORT if port else 0}
     )
-    p.add_argument(
-        "--compile",
-        choices=flag_types.COMPILE_MODES,
-        default="off",
-        help="the target actors' decode-shaped passes through torch.compile: inductor, or cudagraphs (GPU only) "
-        "(default: off)",
-    )
-    p.add_argument("--host", default="127.0.0.1", help="the coordinator's address (default 127.0.0.1)")
-    p.add_argument(
-        "--port",
-        type=flag_types.port,
-        default=port,
-        help=f"the coordinator's port; 0 picks a free one (default {port})",
-    )
-    metrics_port = 9464 if port else 0
-    p.add_argument(
-        "--metrics-port",
-        type=flag_types.port,
-        default=metrics_port,
-        help=f"the coordinator's Prometheus port on --host; 0 picks a free one (default {metrics_port}); "
-        "the draft server and target actors take free ones, printed at start",
-    )
-    p.add_argument(
-        "--trace-file",
-        default=None,
-        help="every part appends its finished spans here, for `specdec trace` "
-        "(default ~/.cache/specdec/traces.jsonl; '' for none)",
-    )
-    add_engine_flags(plain_flag(p))
-    add_http_flags(plain_flag(p), HTTP_PORT if port else 0)  # demo (port 0) serves no HTTP
+    add_flags(p, EngineConfig)
     _add_api_key_flag(p, "clients of both APIs must send 'authorization: Bearer <key>' (health exempt)")
 
 
@@ -309,22 +280,19 @@ def _rpc_failed(error, address: str) -> int:
 
 
 def _stack_config(args, error):
-    from specdec.coordinator.flags import engine_config, server_config
+    from specdec.coordinator.__main__ import engine_config, server_config
     from specdec.local.stack import StackConfig
 
     if args.target_replicas < 1:
         raise SystemExit(f"specdec {args.command}: --target-replicas must be >= 1")
-    engine = engine_config(args, error)
-    return StackConfig(
-        target_model=args.target_model,
+    return from_flags(
+        StackConfig,
+        args,
         draft_model=resolve_drafter(args.draft_model, args.target_model),
-        target_replicas=args.target_replicas,
-        kv_cache_bytes=args.kv_cache_bytes,
-        compile=args.compile,
-        metrics_port=args.metrics_port,
+        target_model=args.target_model,
         trace_file=args.trace_file or None,
         server=server_config(args),
-        engine=engine,
+        engine=engine_config(args, error),
     )
 
 
@@ -490,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec", description="Distributed speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     # `demo` and `up` get their flags only when they run: the engine's flags import the engine
-    # (transformers: about 2 s), which no other command needs.
+    # (transformers, a slow import), which no other command needs.
     stack = {
         "demo": sub.add_parser(
             "demo", help="start the local stack, stream one request through its gRPC API, print it, stop"

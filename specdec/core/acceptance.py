@@ -10,11 +10,13 @@ first rejection the output is drawn from the residual norm(max(0, p_i - q_i)); i
 accepted, a bonus token is drawn from p_{k+1}. Every output token is then distributed exactly as
 the target's warped distribution p.
 
-A proposal without q (the n-gram drafter, or any deterministic proposer) is a point mass at x_i.
-For it the rule reduces to "accept with probability p_i(x_i), else draw from p_i without x_i",
-which we realise by drawing y_i ~ p_i with the request's keyed noise and accepting iff y_i == x_i:
-same distribution, and the output is token for token what target-only sampling with that seed
-gives, whatever k was (this is what lets the engine fall back to k = 0 mid-request unseen).
+A proposal without q is a point mass at x_i: prompt lookup (the n-gram drafter), suffix decoding
+(the default drafter, draft_service/suffix.py; Oliaro et al. 2024, "SuffixDecoding",
+arXiv:2411.04975), or any deterministic proposer. For it the rule reduces to "accept with
+probability p_i(x_i), else draw from p_i without x_i", which we realise by drawing y_i ~ p_i with
+the request's keyed noise and accepting iff y_i == x_i: same distribution, and the output is token
+for token what target-only sampling with that seed gives, whatever k was (this is what lets the
+engine fall back to k = 0 mid-request unseen).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from specdec.core.rng import Stream
 class DraftProposal:
     token_ids: list[int]  # the k proposed tokens, x_1..x_k
     draft_probs: torch.Tensor | None = None  # (k, vocab) q the tokens were drawn from; None = point mass
-    # Which drafter answered: "ngram" (prompt lookup), "model", "ngram_short" (a hybrid's match
-    # shorter than its min_match), "" unknown. The engine prices lookups and model drafts apart.
+    # Which drafter answered (`specdec.core.draft_source`): "ngram" (prompt lookup), "suffix"
+    # (suffix decoding), "model", "ngram_short" (a hybrid's match shorter than its min_match), ""
+    # unknown. The engine prices lookups and model drafts apart.
     source: str = ""
     # A token tree (`specdec.core.tree`): parents[i] is the index of token i's parent, -1 for the
     # root; None: a chain. Point-mass drafts only.

@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specdec.core import flag_types
+from specdec.cli.config_flags import add_flags, from_flags
+from specdec.core.settings import setting
 from specdec.distill.data import default_sources, load_corpus
 from specdec.drafts import draft_vocab
 from specdec.drafts.loading import load_model
@@ -43,39 +44,45 @@ from specdec.runtime.projection import forward_logits
 
 @dataclass
 class DistillConfig:
-    target_model: str | None  # load_model spec; None = the embedded Gemma 3 270M
-    out: Path  # the draft directory (and its checkpoint/)
-    layers: int = 2  # decoder layers of the draft, copied from the target's first ones
-    vocab_size: int = 32768  # draft vocabulary (FR-Spec pruning); 0 keeps the full vocabulary
-    steps: int = 300  # optimizer steps (the LR schedule spans them): ~9 s each on 2 idle cores at the defaults
-    seq_len: int = 256  # tokens per training row, BOS included
-    batch: int = 8  # rows per step
-    lr: float = 1e-3  # peak AdamW learning rate (1e-3: KL 29 -> 7.7 nats in 12 steps, no instability)
+    target_model: str | None = setting(help="load_model spec of the target (default: the embedded Gemma 3 270M)")
+    out: Path = setting(
+        help="draft directory to write, and its checkpoint/ (serve it with --draft-model OUT)", type=Path
+    )
+    layers: int = setting(2, "draft decoder layers, copied from the target's first ones")
+    vocab_size: int = setting(32768, "draft vocabulary size (FR-Spec pruning), 0 = full")
+    steps: int = setting(300, "optimizer steps (the LR schedule spans them)")
+    seq_len: int = setting(256, "tokens per training row, BOS included")
+    batch: int = setting(8, "rows per step")
+    # A small draft from the target's layers trains stably at it.
+    lr: float = setting(1e-3, "peak AdamW learning rate")
     warmup: int = 5  # linear warm-up steps, then cosine decay to lr / 10
-    eval_every: int = 25  # steps between held-out evaluations
-    checkpoint_every: int = 25  # steps between checkpoints (and exports of the draft)
+    eval_every: int = setting(25, "steps between held-out evaluations")
+    checkpoint_every: int = setting(25, "steps between checkpoints (and exports of the draft)")
     heldout_rows: int = 8  # held-out rows evaluated
-    # Training tokens whose full-vocabulary target argmax ranks the vocabulary (26-50 tokens/s on
-    # 2 cores: the full projection); text counts rank the rest, and alone covered 100% of a sample.
-    vocab_sample_tokens: int = 2048
-    corpus_mb: float = 6.0  # MB of text read over all sources
-    sources: list[Path] = field(default_factory=default_sources)  # text directories (or files)
-    # Minutes of training over all runs (resumes add up; setup excluded). The LR schedule follows
-    # whichever of steps or time runs out first, so a budgeted run still ends on a low LR.
-    time_budget_min: float | None = None
-    save_dtype: str = "bfloat16"  # dtype of the shipped weights
-    seed: int = 0
-    # Rows the target writes itself (specdec.distill.generate): the serving distribution. ~60
-    # tokens/s in batches of 32 on 2 cores, so 256 rows of 256 tokens take ~17 minutes, once.
-    generated_rows: int = 0
-    generated_share: float = 0.75  # share of each batch taken from them (when there are any)
-    prompt_tokens: int = 32  # corpus tokens (BOS included) each generated row starts from
-    generate_batch: int = 32
-    init_from: Path | None = None  # a draft directory (or a run's OUT) to start from: its vocabulary and weights
-    # Written into draft.json: the drafter stops a greedy draft before a token the draft gives
-    # less (draft_service/model_drafter.py). 0.3: on the free-continuation prompts the shipped
-    # draft's tokens at >= 0.3 are the target's 40% of the time, those below 14%.
-    min_confidence: float = 0.3
+    # Few: each pays the target's full projection; text counts rank the rest, and cover what the sample misses.
+    vocab_sample_tokens: int = setting(2048, "tokens whose full-vocabulary target argmax ranks the vocabulary")
+    corpus_mb: float = setting(6.0, "MB of training text read over all sources")
+    sources: list[Path] = field(default_factory=default_sources)  # text directories (or files): --corpus
+    # Resumes add up. The LR schedule follows whichever of steps or time runs out first, so a
+    # budgeted run still ends on a low LR.
+    time_budget_min: float | None = setting(
+        None, "minutes of training over all runs, setup excluded; the LR decays by time too", type=float
+    )
+    save_dtype: str = setting("bfloat16", "dtype of the shipped weights", choices=("bfloat16", "float32"))
+    seed: int = setting(0, "torch's seed for the run")
+    # The serving distribution (specdec.distill.generate). Writing them is target decoding, the
+    # slow part of a run, so they are saved and generated once.
+    generated_rows: int = setting(0, "training rows the target writes (greedy continuations of corpus openings)")
+    generated_share: float = setting(0.75, "share of each batch taken from the generated rows (when there are any)")
+    prompt_tokens: int = setting(32, "corpus tokens (BOS included) each generated row starts from")
+    generate_batch: int = setting(32, "rows generated at once")
+    init_from: Path | None = setting(
+        None, "start from this draft directory (or a run's OUT): its vocabulary and weights", type=Path
+    )
+    # The drafter stops a greedy draft before a token the draft gives less (model_drafter.py).
+    # 0.3: the shipped draft's tokens above it are the target's several times as often as those
+    # below (docs/distilled-draft.md).
+    min_confidence: float = setting(0.3, "greedy stop threshold written into draft.json", type="probability")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,120 +397,23 @@ def _atomic_save(obj, path: Path) -> None:
 
 
 def _parse(argv: list[str]) -> DistillConfig:
-    d = DistillConfig(None, Path("."))
     p = argparse.ArgumentParser(
         prog="specdec distill-draft",
         description="Distil a pruned-vocabulary draft from a target; running it again resumes from OUT/checkpoint.",
     )
-    p.add_argument(
-        "--target-model", default=None, help="load_model spec of the target [default: the embedded Gemma 3 270M]"
-    )
-    p.add_argument("--out", type=Path, required=True, help="draft directory to write (serve it with --draft-model OUT)")
-    p.add_argument("--layers", type=int, default=d.layers, help=f"draft decoder layers [{d.layers}]")
-    p.add_argument(
-        "--vocab-size", type=int, default=d.vocab_size, help=f"draft vocabulary size, 0 = full [{d.vocab_size}]"
-    )
-    p.add_argument("--steps", type=int, default=d.steps, help=f"optimizer steps [{d.steps}]")
-    p.add_argument("--seq-len", type=int, default=d.seq_len, help=f"tokens per row [{d.seq_len}]")
-    p.add_argument("--batch", type=int, default=d.batch, help=f"rows per step [{d.batch}]")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate [{d.lr}]")
-    p.add_argument(
-        "--eval-every", type=int, default=d.eval_every, help=f"steps between held-out evaluations [{d.eval_every}]"
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=d.checkpoint_every,
-        help=f"steps between checkpoints [{d.checkpoint_every}]",
-    )
-    p.add_argument("--corpus-mb", type=float, default=d.corpus_mb, help=f"MB of training text read [{d.corpus_mb}]")
+    add_flags(p, DistillConfig, defaults={"target_model": None})
     p.add_argument(
         "--corpus",
         type=Path,
         action="append",
         help="text directory or file (repeatable) [stdlib source, /usr/share/doc, /usr/share/man]",
     )
-    p.add_argument(
-        "--vocab-sample-tokens",
-        type=int,
-        default=d.vocab_sample_tokens,
-        help=f"tokens whose target argmax ranks the vocabulary [{d.vocab_sample_tokens}]",
-    )
-    p.add_argument(
-        "--time-budget-min",
-        type=float,
-        default=None,
-        help="minutes of training over all runs, setup excluded; the LR decays by time too",
-    )
-    p.add_argument(
-        "--save-dtype",
-        choices=["bfloat16", "float32"],
-        default=d.save_dtype,
-        help=f"dtype of the shipped weights [{d.save_dtype}]",
-    )
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument(
-        "--generated-rows",
-        type=int,
-        default=d.generated_rows,
-        help=f"training rows the target writes (greedy continuations of corpus openings) [{d.generated_rows}]",
-    )
-    p.add_argument(
-        "--generated-share",
-        type=float,
-        default=d.generated_share,
-        help=f"share of each batch taken from the generated rows [{d.generated_share}]",
-    )
-    p.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=d.prompt_tokens,
-        help=f"corpus tokens each generated row starts from [{d.prompt_tokens}]",
-    )
-    p.add_argument(
-        "--generate-batch", type=int, default=d.generate_batch, help=f"rows generated at once [{d.generate_batch}]"
-    )
-    p.add_argument(
-        "--init-from",
-        type=Path,
-        default=None,
-        help="start from this draft directory (or run OUT): its vocabulary and weights",
-    )
-    p.add_argument(
-        "--min-confidence",
-        type=flag_types.probability,
-        default=d.min_confidence,
-        help=f"greedy stop threshold written into draft.json [{d.min_confidence}]",
-    )
     a = p.parse_args(argv)
     if not 0.0 <= a.generated_share <= 1.0:
         p.error(f"--generated-share must lie in [0, 1], got {a.generated_share}")
     if a.generated_rows and not 0 < a.prompt_tokens < a.seq_len:
         p.error(f"--prompt-tokens must lie in (0, --seq-len), got {a.prompt_tokens}")
-    return DistillConfig(
-        target_model=a.target_model,
-        out=a.out,
-        layers=a.layers,
-        vocab_size=a.vocab_size,
-        steps=a.steps,
-        seq_len=a.seq_len,
-        batch=a.batch,
-        lr=a.lr,
-        eval_every=a.eval_every,
-        checkpoint_every=a.checkpoint_every,
-        corpus_mb=a.corpus_mb,
-        sources=a.corpus or default_sources(),
-        vocab_sample_tokens=a.vocab_sample_tokens,
-        time_budget_min=a.time_budget_min,
-        save_dtype=a.save_dtype,
-        seed=a.seed,
-        generated_rows=a.generated_rows,
-        generated_share=a.generated_share,
-        prompt_tokens=a.prompt_tokens,
-        generate_batch=a.generate_batch,
-        init_from=a.init_from,
-        min_confidence=a.min_confidence,
-    )
+    return from_flags(DistillConfig, a, sources=a.corpus or default_sources())
 
 
 if __name__ == "__main__":

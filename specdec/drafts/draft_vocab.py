@@ -2,9 +2,10 @@
 
 FR-Spec (Zhao et al. 2025, "FR-Spec: Accelerating Large-Vocabulary Language Models via
 Frequency-Ranked Speculative Sampling") drafts over the most frequent tokens only: for Gemma 3
-270M the 262,144 x 640 output projection is ~63 ms of a ~120 ms decode step on this CPU, and a
-draft restricted to 32,768 tokens pays an eighth of that. A draft token outside the subset can
-never be proposed, so coverage (the share of target predictions inside it) bounds acceptance.
+270M the 262,144 x 640 output projection (671 MB of fp32 weights, read every step) is a large
+share of a decode step, and a draft restricted to 32,768 tokens pays an eighth of that. A draft
+token outside the subset can never be proposed, so coverage (the share of target predictions
+inside it) bounds acceptance.
 
 We rank by counts of what the target predicts (its argmax, or its top-k) on the training text,
 plus the text's own token counts as a tie-breaker and a fallback for tokens the sample never

@@ -49,6 +49,7 @@ class LocalModelProposer(_Serialized):
         k: int,
         sampling: SamplingParams,
         model_k: int | None = None,
+        affinity: str = "",  # one process, one replica: nothing to place
         tree: bool = False,  # a model (or a hybrid) drafts chains
     ) -> DraftProposal:
         if isinstance(self.drafter, HybridDrafter):
@@ -80,7 +81,8 @@ class LocalNgramProposer:
         tokens: Sequence[int],
         k: int,
         sampling: SamplingParams,
-        model_k: int | None = None,
+        model_k: int | None = None,  # no model: lookups only
+        affinity: str = "",  # one process, one replica: nothing to place
         tree: bool = False,
     ) -> DraftProposal:
         if tree and isinstance(self.drafter, SuffixDrafter):

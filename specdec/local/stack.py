@@ -20,7 +20,9 @@ from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.remote import connect_engine
 from specdec.coordinator.server import GenerationServer, ServerConfig
+from specdec.core.settings import setting
 from specdec.drafts.loading import prepare
+from specdec.runtime.compiled import COMPILE_MODES
 from specdec.target_service.actor import ActorConfig
 from specdec.target_service.pool import NAMESPACE, PREFIX, PoolConfig, TargetPool, launch
 from specdec.telemetry.metrics import MetricsServer
@@ -31,13 +33,30 @@ from specdec.telemetry.tracing import TRACE_FILE_ENV
 class StackConfig:
     target_model: str | None = None  # load_model spec; None = the embedded default
     draft_model: str = "ngram"  # the draft server's model, or "ngram" (prompt lookup, no model)
-    target_replicas: int = 1  # target actors on the local Ray
-    kv_cache_bytes: int | None = None  # each actor's KV block pool; None: the actor's default
-    compile: str = "off"  # each actor's --compile
+    target_replicas: int = setting(1, "target actors on the local Ray")
+    kv_cache_bytes: int | None = setting(  # None: the actor's default
+        None,
+        "each target actor's KV block pool, e.g. 4GiB (default: a quarter of free RAM, 90% of free GPU memory)",
+        type="byte_size",
+    )
+    compile: str = setting(
+        "off",
+        "the target actors' decode-shaped passes through torch.compile: inductor, or cudagraphs (GPU only)",
+        choices=COMPILE_MODES,
+    )
     pool_name: str = PREFIX  # actors are <pool_name>-0 .. -(n-1)
     namespace: str = NAMESPACE
-    trace_file: str | None = None  # every part appends its finished spans here (JSON lines)
-    metrics_port: int = 9464  # the coordinator's Prometheus port (on server.host); 0 picks a free one
+    trace_file: str | None = setting(  # JSON lines
+        None,
+        "every part appends its finished spans here, for `specdec trace` "
+        "(default ~/.cache/specdec/traces.jsonl; '' for none)",
+    )
+    metrics_port: int = setting(
+        9464,
+        "the coordinator's Prometheus port on --host; 0 picks a free one; "
+        "the draft server and target actors take free ones, printed at start",
+        type="port",
+    )
     draft_start_s: float = 600.0  # the draft server must answer SERVING within this (a model loads first)
     server: ServerConfig = field(default_factory=ServerConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)

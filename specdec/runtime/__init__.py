@@ -1,5 +1,5 @@
 """The model runtime: checkpoint loading, the KV block pool, the ragged batched forward with
-paged attention, the CPU kernels, and tiny random models for tests."""
+paged attention, and the CPU kernels."""
 
 from specdec._exports import lazy_exports
 
@@ -12,7 +12,6 @@ _EXPORTS = {
     "KVBlockPool": "kv_pool",
     "PagedSession": "kv_pool",
     "ragged_forward": "ragged",
-    "make_tiny_model": "tiny",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -30,8 +30,7 @@ from collections.abc import Callable
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 
-from specdec.core.flag_types import COMPILE_MODES
-
+COMPILE_MODES = ("off", "inductor", "cudagraphs")  # the target tier's --compile
 _TORCH_MODE = {"inductor": "default", "cudagraphs": "reduce-overhead"}
 
 Decoder = Callable[..., object]  # the model's base model: inputs -> an output with last_hidden_state

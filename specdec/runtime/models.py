@@ -9,7 +9,8 @@ A checkpoint spec is one of
 - a Hugging Face hub id (only when the user names one; transformers does the download).
 
 GGUF files are dequantized once and cached as an ordinary fp32 `save_pretrained` directory:
-converting the embedded model costs about 90 s on 2 CPU cores, loading the cache 5 s.
+converting is the slow part (the embedded model: a minute or more on a small CPU), loading the
+cache takes seconds.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def load_checkpoint(
 
 
 def prepare_checkpoint(spec: str | None = None) -> None:
-    """Do the one-time work of loading `spec` now (a GGUF's conversion, ~90 s for the embedded
-    model), so processes started next all find the cache instead of each converting it at once."""
+    """Do the one-time work of loading `spec` now (a GGUF's conversion), so processes started
+    next all find the cache instead of each converting it at once."""
     _source(spec)
 
 

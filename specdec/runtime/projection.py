@@ -4,15 +4,15 @@ time, and y = (W @ x^T)^T where packing is off or cannot serve.
 A causal LM's last step maps each kept position's hidden state h (d) onto the vocabulary with
 W (vocab x d): for Gemma 3 270M that is 262,144 x 640 fp32 (671 MB), most of a decode step.
 With few rows the product is a read of W, and `W @ h^T` reads it faster than the kernels
-`F.linear` picks (2-9 rows: 17-78 ms against 105-150 ms on 2 cores); one row is computed as a
-2-column product of the row with itself, as fast as two. The decoder layers' projections gain
-the same way.
+`F.linear` picks for a handful of rows; one row is computed as a 2-column product of the row
+with itself, as fast as two. The decoder layers' projections gain the same way.
 
 oneDNN's GEMM on a weight packed once into its blocked layout (`torch.ops.mkldnn`, what
-torch.compile uses on CPUs) is faster still: a verify pass with 2-8 drafts costs 1.1-1.3 decode
-steps against 1.2-2.7 as columns, and that pass is most of what speculation costs on a CPU; from
-how many rows it serves is `_PACKED_MIN_ROWS` (measured below). The packed copy is a second copy of each weight (the
-embedded target: 1.07 GB more), made at load time; `SPECDEC_PACKED_LINEAR=0` turns it off.
+torch.compile uses on CPUs) is faster still: it keeps a verify pass of a few drafts close to
+a decode step's cost, and that pass is most of what speculation costs on a CPU; from how many
+rows it serves is `_PACKED_MIN_ROWS`. The figures are in docs/performance.md. The packed copy is
+a second copy of each weight (the embedded target: 1.07 GB more), made at load time;
+`SPECDEC_PACKED_LINEAR=0` turns it off.
 Autograd (training) and other devices and dtypes use columns. Values differ from `F.linear` by
 float rounding only.
 
@@ -36,10 +36,9 @@ _KNOWN = {"llama", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "mistral"
 HEAD_LABEL = "specdec.head"  # the output projection's range in a torch profile (bench/pass_profile.py)
 _MAX_COLUMN_ROWS = 64  # beyond, F.linear's GEMM kernels are the better choice again
 # From how many rows oneDNN's packed GEMM serves a layer (columns below). Which is faster at
-# 1-2 rows depends on the machine (docs/performance.md has both measurements); 3 gives those
-# rows to the columns.
+# 1-2 rows depends on the machine (docs/performance.md); 3 gives those rows to the columns.
 _PACKED_MIN_ROWS = 1
-PACK_BATCH_HINT = 5  # rows oneDNN packs for: a verify pass with 4 drafts (10% faster than none)
+PACK_BATCH_HINT = 5  # rows oneDNN lays the packed weight out for: a verify pass with 4 drafts (a hint; any rows run)
 
 
 def forward_logits(
@@ -98,7 +97,7 @@ def column_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         flat = flat.repeat(2, 1)  # a contiguous copy: an expanded (stride 0) row takes a slow path
     elif not flat.is_contiguous():
         # This function's own outputs are transposed views, and so are elementwise products of
-        # them (an MLP's act(gate) * up): with x^T contiguous the GEMM takes a path 3-4x slower.
+        # them (an MLP's act(gate) * up): with x^T contiguous the GEMM takes a much slower path.
         flat = flat.contiguous()
     out = (weight @ flat.T).T[:rows]  # (rows, out), a transposed view: no copy
     if bias is not None:
@@ -164,8 +163,8 @@ def _weight_packable(weight: torch.Tensor) -> bool:
 
 def pack_weights(model: nn.Module) -> nn.Module:
     """Make every packed copy now rather than at its first use: packing the 262,144 x 640 output
-    projection takes about a second, and a verify pass that paid it would teach the coordinator's
-    cost model that drafting 2+ tokens costs a second (and keep its k at 1)."""
+    projection costs many passes' worth of time, and a verify pass that paid it would teach the
+    coordinator's cost model that drafting 2+ tokens costs that much (and keep its k at 1)."""
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, _ColumnLinear) and _weight_packable(module.weight):

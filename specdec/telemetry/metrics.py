@@ -12,7 +12,7 @@ import errno
 
 from prometheus_client import start_http_server
 
-# Seconds: a CPU decode step of a 270M model is ~0.1 s, a GPU one of a large model ~0.02 s.
+# Seconds, from a fast RPC to a long request; a decode step (a GPU's or a CPU's) falls mid-range.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

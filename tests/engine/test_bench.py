@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+from tiny import make_tiny_model
+
 from specdec.bench.prompts import WORKLOADS, workload
 from specdec.bench.single_process import METHODS, main
-from specdec.runtime.tiny import make_tiny_model
 
 
 def test_workloads_are_deterministic_and_copy_prompts_quote_stdlib_code():

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 from reference import target_only
+from tiny import BOS_ID, EOS_ID, make_tiny_model
 
 from specdec.coordinator.engine import EngineConfig, GenerationRequest
 from specdec.core.sampling import SamplingParams, warp
@@ -20,7 +21,6 @@ from specdec.drafts import draft_vocab
 from specdec.drafts.loading import load_model, load_tokenizer
 from specdec.drafts.pruned_draft import build_pruned_draft, save_pruned_draft, trainable_names, warp_pruned
 from specdec.local.in_process import build_engine
-from specdec.runtime.tiny import BOS_ID, EOS_ID, make_tiny_model
 
 PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17]
 FULL_VOCAB = 300  # the tiny tokenizer has 259 ids; real checkpoints pad their projection like this

@@ -9,15 +9,15 @@ import math
 
 import pytest
 from reference import target_only
+from tiny import (
+    KINDS as TINY_KINDS,
+)  # not `from conftest`: tests/reliability/ has a conftest of its own
 
 from specdec.coordinator.engine import EngineConfig, FinishReason, GenerationRequest, SpeculativeEngine
 from specdec.core.errors import InvalidArgument
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
-from specdec.runtime.tiny import (
-    KINDS as TINY_KINDS,
-)  # not `from conftest`: tests/reliability/ has a conftest of its own
 from specdec.target_service.verifier import TargetVerifier
 
 # Repeats give the n-gram drafter something to match; random ids elsewhere keep it honest.

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 from prometheus_client import REGISTRY
 from reference import target_only
+from tiny import EOS_ID, TOKENIZER_SIZE
 
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.core.sampling import SamplingParams
@@ -18,7 +19,6 @@ from specdec.draft_service.server import ServerConfig, load_core
 from specdec.draft_service.service import DraftCore, ProposeCall
 from specdec.drafts.pruned_draft import build_pruned_draft
 from specdec.local.in_process import LocalModelProposer, LocalVerifier
-from specdec.runtime.tiny import EOS_ID, TOKENIZER_SIZE
 from specdec.target_service.verifier import TargetVerifier
 
 # Ends on 5 17 42, which occurred twice before: the first round is a lookup.

@@ -11,12 +11,12 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from tiny import EOS_ID, KINDS, TOKENIZER_SIZE, make_tiny_model, make_tiny_pair  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 from specdec.drafts.loading import load_model
 from specdec.runtime import models  # noqa: E402
 from specdec.runtime.models import EMBEDDED_NAME  # noqa: E402
-from specdec.runtime.tiny import EOS_ID, KINDS, TOKENIZER_SIZE, make_tiny_model, make_tiny_pair  # noqa: E402
 
 TEXT = "héllo wörld ✓"
 

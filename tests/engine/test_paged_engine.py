@@ -13,7 +13,8 @@ from specdec.core.session_store import SessionStore
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape
 from specdec.runtime.projection import forward_logits
 from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
-from specdec.target_service.verifier import ItemRejected, TargetVerifier, VerifyItem, cached_tokens
+from specdec.target_service.scheduler import cached_tokens
+from specdec.target_service.verifier import ItemRejected, TargetVerifier, VerifyItem
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=0.9, top_k=40, seed=11)

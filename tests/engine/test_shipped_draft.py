@@ -9,12 +9,12 @@ import pytest
 import torch
 from google.protobuf import json_format
 from reference import target_only
+from tiny import EOS_ID, TOKENIZER_SIZE
 
 from specdec.cli.app import main
 from specdec.drafts import draft_vocab, shipped_draft
 from specdec.drafts.loading import load_model, load_tokenizer
 from specdec.drafts.pruned_draft import build_pruned_draft, save_pruned_draft
-from specdec.runtime.tiny import EOS_ID, TOKENIZER_SIZE
 from specdec.v1 import generation_pb2 as pb
 
 

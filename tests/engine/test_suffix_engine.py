@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 from reference import target_only
+from tiny import EOS_ID, TOKENIZER_SIZE
 
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.core import tree
@@ -19,7 +20,6 @@ from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.draft_service.suffix import SuffixDrafter
 from specdec.drafts.pruned_draft import build_pruned_draft
 from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
-from specdec.runtime.tiny import EOS_ID, TOKENIZER_SIZE
 from specdec.target_service.verifier import TargetVerifier
 
 # Similar requests: one template, a different "argument" each (the first token and one in the middle).

@@ -363,7 +363,7 @@ def test_cli_without_a_coordinator_says_how_to_start_one(capsys):
 
 def test_an_auto_token_budget_is_set_from_the_target_tiers_device(stack):
     from specdec.coordinator.remote import CPU_TOKEN_BUDGET
-    from specdec.core.flag_types import AUTO
+    from specdec.core.settings import AUTO
 
     assert ray.get(stack.actor.info.remote())["device"] == "cpu"
 

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from specdec.core.flag_types import byte_size
+from specdec.cli.flag_types import byte_size
 
 
 @pytest.mark.parametrize(

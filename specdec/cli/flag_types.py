@@ -1,7 +1,8 @@
 """argparse value types shared by the services' command lines.
 
 argparse also runs these on string defaults, so a value taken from an environment variable is
-refused with the same message as the flag itself.
+refused with the same message as the flag itself. A setting names one by its name
+(`setting(..., type="port")`, specdec.core.settings): the layers below the CLI never import it.
 """
 
 from __future__ import annotations
@@ -9,9 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 
-# The target tier's --compile (specdec.runtime.compiled says what each does): here, where a
-# command line can name them without importing torch.
-COMPILE_MODES = ("off", "inductor", "cudagraphs")
+from specdec.core.settings import AUTO
 
 
 def nonnegative_int(text: str) -> int:
@@ -60,9 +59,6 @@ def gcs_address(text: str) -> str:
     if text.startswith("ray://") or ":" not in text:
         raise argparse.ArgumentTypeError(f"takes the cluster's GCS address HOST:PORT (the head's 6379), not {text!r}")
     return text
-
-
-AUTO = -1  # an int flag's "auto": the service decides from what it finds (its hardware, its tiers)
 
 
 def nonnegative_int_or_auto(text: str) -> int:

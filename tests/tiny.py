@@ -1,0 +1,74 @@
+"""Tiny random causal LMs (llama, gpt2, gemma3) for the tests, on the benchmarks' byte-level
+tokenizer and initialisation (specdec.bench.tiny_llama), so `load_model(str(path))` loads each
+through the same path as a real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
+
+from specdec.bench.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the ids the tests read
+    BOS_ID,
+    EOS_ID,
+    HEADS,
+    HIDDEN,
+    IDS,
+    MAX_POSITIONS,
+    TOKENIZER_SIZE,
+    llama_config,
+    save_random,
+)
+
+KINDS = ("llama", "gpt2", "gemma3")
+
+
+def make_tiny_model(
+    kind: str,
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    sliding_window: int = 8,
+    num_layers: int = 2,
+) -> Path:
+    """Save a random `kind` model (hidden 64, 4 heads, 256 positions) with the byte tokenizer.
+
+    `vocab_size` defaults to the tokenizer's 259; a larger one pads the output projection the way
+    real checkpoints do. For gemma3, layers alternate sliding (window `sliding_window`) and full
+    attention, ending with a full one.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {KINDS}")
+    vocab_size = vocab_size or TOKENIZER_SIZE
+    if kind == "llama":
+        return save_random(llama_config(vocab_size, num_layers), LlamaForCausalLM, out_dir, seed=seed)
+    if kind == "gpt2":
+        config = GPT2Config(
+            vocab_size=vocab_size, n_embd=HIDDEN, n_layer=num_layers, n_head=HEADS, n_positions=MAX_POSITIONS, **IDS
+        )
+        return save_random(config, GPT2LMHeadModel, out_dir, seed=seed, add_bos=False)
+    layer_types = ["full_attention" if i % 2 else "sliding_attention" for i in range(num_layers)]
+    layer_types[-1] = "full_attention"
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=4 * HIDDEN,
+        num_hidden_layers=num_layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=1,  # multi-query, as in Gemma 3 270M
+        head_dim=HIDDEN // HEADS,
+        query_pre_attn_scalar=HIDDEN // HEADS,
+        sliding_window=sliding_window,
+        layer_types=layer_types,
+        max_position_embeddings=MAX_POSITIONS,
+        **IDS,
+    )
+    return save_random(config, Gemma3ForCausalLM, out_dir, seed=seed)
+
+
+def make_tiny_pair(kind: str, out_dir: Path) -> tuple[Path, Path]:
+    """A target (seed 0) and a draft (seed 1) of the same kind, sharing the tokenizer."""
+    out_dir = Path(out_dir)
+    return make_tiny_model(kind, out_dir / "target", seed=0), make_tiny_model(kind, out_dir / "draft", seed=1)
