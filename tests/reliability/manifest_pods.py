@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class Pod:
     def _start(self) -> None:
         self.before_start()
         self.runs += 1
+        self.started = time.monotonic()
         self.log = self.logs / f"{self.name}.{self.runs}.log"
         self.process = subprocess.Popen(
             ["nice", "-n", str(self.niceness), *self.argv] if self.niceness else self.argv,
@@ -75,15 +77,24 @@ class Pod:
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def wait_for(self, pattern: str, timeout_s: float) -> re.Match:
-        """Until this pod's current run prints `pattern` (a run that exits is restarted meanwhile)."""
+    def wait_for(self, pattern: str, timeout_s: float, runs: int = 3) -> re.Match:
+        """Until this pod's current run prints `pattern`. Each run gets `timeout_s` from its own
+        start, as a startup probe's clock restarts with its container: a run that fails (a Ray
+        node's startup timing out on a starved host) is restarted by the supervisor and waited
+        for anew, up to `runs` runs."""
         found: list[re.Match] = []
+        first = self.runs
 
         def seen() -> bool:
             found[:] = [m for m in [re.search(pattern, self.text())] if m]
-            return bool(found)
+            timed_out = self.process.poll() is None and time.monotonic() - self.started >= timeout_s
+            return bool(found) or timed_out or self.runs >= first + runs
 
-        until(seen, timeout_s, lambda: f"{self.name} printing {pattern!r}; run {self.runs}: {self.text()[-3000:]}")
+        def what() -> str:
+            return f"{self.name} printing {pattern!r} in {timeout_s} s of a run; run {self.runs}: {self.text()[-3000:]}"
+
+        until(seen, timeout_s * runs + self.restart_after_s * runs, what)
+        assert found, what()
         return found[0]
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
