@@ -139,6 +139,7 @@ class Calls:
         self.model_name = getattr(getattr(engine, "target", None), "name", "")  # LoadedModel and RemoteTarget name it
         self.engine = engine
         self.max_inflight = max_inflight
+        metrics.MAX_INFLIGHT.set(max_inflight)
         self.tracer = tracer or trace.get_tracer("specdec.coordinator")
         self.stats = ServingStats()
 
@@ -223,12 +224,21 @@ class Calls:
         return call
 
     async def _consume(self, request: GenerationRequest, on_delta: OnDelta, call: Call) -> None:
-        # aclosing: however the loop ends, the engine's `finally` (ending the sessions) runs now.
-        async with aclosing(self.engine.stream(request)) as deltas:
-            async for delta in deltas:
-                self._count(delta)
-                call.add(delta)
-                await on_delta(delta, call.trace_id)
+        waiting = True  # until the first round's tokens: vLLM's "waiting" (the autoscalers' signal)
+        metrics.REQUESTS_WAITING.inc()
+        try:
+            # aclosing: however the loop ends, the engine's `finally` (ending the sessions) runs now.
+            async with aclosing(self.engine.stream(request)) as deltas:
+                async for delta in deltas:
+                    if waiting:
+                        waiting = False
+                        metrics.REQUESTS_WAITING.dec()
+                    self._count(delta)
+                    call.add(delta)
+                    await on_delta(delta, call.trace_id)
+        finally:
+            if waiting:
+                metrics.REQUESTS_WAITING.dec()
 
     def _count(self, delta: Delta) -> None:
         self.stats.completion_tokens += len(delta.token_ids)

@@ -61,3 +61,11 @@ REQUESTS_RUNNING = Gauge(
     "specdec:requests_running",
     "Requests generating now (the coordinator's queue depth; beyond max_inflight: RESOURCE_EXHAUSTED)",
 )
+# Load signals, as vLLM names them: `specdec:requests_waiting` is vllm:num_requests_waiting (admitted,
+# not started: here, no token yet), and requests_running - requests_waiting is vllm:num_requests_running.
+REQUESTS_WAITING = Gauge(
+    "specdec:requests_waiting", "Requests admitted that have no token yet (their prefill waits or runs)"
+)
+MAX_INFLIGHT = Gauge(
+    "specdec:requests_max_inflight", "The admission bound max_inflight: requests_running / this is the fill"
+)

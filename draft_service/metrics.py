@@ -21,6 +21,9 @@ BATCH_SIZE = Histogram(
     "specdec:draft_batch_size", "Calls served by one batched draft-model step", buckets=BATCH_BUCKETS
 )
 QUEUE_DEPTH = Gauge("specdec:draft_queue_depth", "Calls waiting for the draft model")
+# The replica's load, as Ray Serve scales on it (ongoing requests per replica): every drafter's
+# calls, where QUEUE_DEPTH counts only the draft model's (lookup drafters never queue).
+REQUESTS_RUNNING = Gauge("specdec:draft_requests_running", "Propose calls being answered now")
 SESSIONS = Gauge("specdec:draft_sessions", "Sessions held by this replica")
 CACHE_TOKENS = Gauge(
     "specdec:draft_cache_tokens", "Token positions held over all sessions (the bound is max_cached_tokens)"

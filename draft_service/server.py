@@ -91,6 +91,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     ) -> draft_pb2.ProposeResponse:
         started = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN  # until the call ends one way or another
+        metrics.REQUESTS_RUNNING.inc()
         try:
             core = self.core
             if self.draining or core is None:
@@ -129,6 +130,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             code = grpc.StatusCode.CANCELLED
             raise
         finally:
+            metrics.REQUESTS_RUNNING.dec()
             metrics.PROPOSE_CALLS.labels(code.name).inc()
 
     async def EndSession(

@@ -9,6 +9,9 @@ With `--ray-join` instead of `--address`, the process joins the cluster as a Ray
 (no Ray Client, no client server on the head); with `--keep` it exits 1 as soon as that node is
 cut off (a head restarted without GCS fault tolerance starts a new cluster), for its supervisor
 to restart it into the new one.
+With `--autoscale on` and `--keep`, the pool's size follows its load (KV use and queued rounds per
+actor) between --min-replicas and --max-replicas (target_service/autoscale.py), starting from the
+pool it finds (or --replicas).
 With no address, a local Ray is started for the pool, and the command stays in the foreground
 (the local cluster ends with it) until Ctrl-C or SIGTERM.
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass, replace
 from specdec.cli.config_flags import add_flags, from_flags
 from specdec.core.settings import setting
 from specdec.target_service.actor import ActorConfig
+from specdec.target_service.autoscale import AutoscaleConfig, Autoscaler
 from specdec.target_service.pool import NAMESPACE, PREFIX, actor_names, keep, launch
 
 
@@ -65,6 +69,7 @@ class PoolCommand:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specdec target", description=__doc__.splitlines()[0])
     add_flags(p, PoolCommand)
+    add_flags(p, AutoscaleConfig)
     add_flags(p, ActorConfig)
     return p
 
@@ -130,15 +135,34 @@ def _run(args: argparse.Namespace, config: ActorConfig, on_cluster: bool) -> int
         print("specdec target: --gpus-per-actor must be >= 0", file=sys.stderr)
         return 2
     config = replace(config, cpus=cpus, gpus=args.gpus_per_actor)
-    names = launch(config, args.replicas, prefix=args.name, namespace=args.namespace, drain_s=args.drain_timeout)
+    scaling = from_flags(AutoscaleConfig, args)
+    autoscaler, replicas = None, args.replicas
+    if scaling.autoscale:
+        if not (on_cluster and args.keep):
+            print("specdec target: --autoscale on needs a cluster and --keep", file=sys.stderr)
+            return 2
+        if scaling.problems():
+            print(f"specdec target: {'; '.join(scaling.problems())}", file=sys.stderr)
+            return 2
+        # A restarted keeper goes on from the pool it finds, not back to --replicas.
+        autoscaler = Autoscaler(scaling, len(actor_names(args.name, args.namespace)) or args.replicas)
+        replicas = autoscaler.desired
+    names = launch(config, replicas, prefix=args.name, namespace=args.namespace, drain_s=args.drain_timeout)
     print(f"target pool {args.name} in namespace {args.namespace}: {', '.join(names)}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if on_cluster and args.keep:
-        print(f"keeping the pool at {args.replicas} actors (checked every {args.keep:g} s)", flush=True)
+        if autoscaler is None:
+            print(f"keeping the pool at {replicas} actors (checked every {args.keep:g} s)", flush=True)
+        else:
+            print(
+                f"keeping the pool at {scaling.min_replicas}..{scaling.max_replicas} actors by its load, "
+                f"now {replicas} (checked every {args.keep:g} s)",
+                flush=True,
+            )
         try:
-            keep(config, args.replicas, args.name, args.namespace, args.keep, stop, args.drain_timeout)
+            keep(config, replicas, args.name, args.namespace, args.keep, stop, args.drain_timeout, autoscaler)
         except Exception as e:  # noqa: BLE001 - the cluster is gone: exit for the supervisor to restart us
             print(f"specdec target: {type(e).__name__}: {e}", file=sys.stderr)
             return 1

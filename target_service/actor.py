@@ -148,6 +148,10 @@ class TargetActor:
         metrics.CACHE_TOKENS.set_function(lambda: self.verifier.sessions.total_tokens)
         metrics.KV_BLOCKS_USED.set_function(lambda: self.verifier.pool.used_blocks)
         metrics.KV_BLOCKS_TOTAL.set(self.verifier.pool.num_blocks)
+        metrics.KV_CACHE_USAGE.set_function(
+            lambda: self.verifier.pool.used_blocks / max(1, self.verifier.pool.num_blocks)
+        )
+        metrics.ROUNDS_RUNNING.set_function(lambda: self._running)
         self._preempted = 0
         self.draining = False  # set by `drain`: every round is answered `overloaded` from then on
         # The first free port from metrics_port on: actors sharing a node count up from it.

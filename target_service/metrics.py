@@ -17,7 +17,12 @@ VERIFY_BATCH_SIZE = Histogram(
 FORWARD_LATENCY = Histogram(
     "specdec:target_forward_latency_seconds", "One batched verification forward pass", buckets=LATENCY_BUCKETS
 )
+# QUEUE_DEPTH is vLLM's vllm:num_requests_waiting per actor, ROUNDS_RUNNING its num_requests_running
+# and KV_CACHE_USAGE its kv_cache_usage_perc (a fraction, as vLLM's is): the pool keeper sizes the
+# pool on KV use and queued rounds (target_service/autoscale.py).
 QUEUE_DEPTH = Gauge("specdec:target_queue_depth", "Rounds waiting for the model")
+ROUNDS_RUNNING = Gauge("specdec:target_rounds_running", "Rounds in the forward pass now running")
+KV_CACHE_USAGE = Gauge("specdec:target_kv_cache_usage_perc", "Share of the KV pool's blocks in use, 0..1")
 SESSIONS = Gauge("specdec:target_sessions", "Sessions whose KV cache the actor holds")
 CACHE_TOKENS = Gauge(
     "specdec:target_cache_tokens", "Cached token positions over all sessions (the bound is max_cached_tokens)"

@@ -34,6 +34,7 @@ from ray.actor import ActorHandle
 from specdec.core.acceptance import DraftProposal, Verification
 from specdec.core.sampling import SamplingParams
 from specdec.target_service.actor import ActorConfig, remote_actor_class
+from specdec.target_service.autoscale import Autoscaler, signals_from
 from specdec.target_service.protocol import VerifyRequest
 
 log = logging.getLogger(__name__)
@@ -353,6 +354,27 @@ def _busy(actor: ActorHandle, method: str) -> bool:
     return bool(load["queued"] or load["running"])
 
 
+def _loads(names: list[str], namespace: str, timeout_s: float = 5.0) -> list[dict]:
+    """The `load()` of each named actor that answers within `timeout_s` (a dead or stalled one
+    says nothing: the pool's size follows the actors that serve)."""
+    refs = []
+    for name in names:
+        try:
+            refs.append(ray.get_actor(name, namespace=namespace).load.remote())
+        except ValueError:  # gone since it was listed
+            continue
+    if not refs:
+        return []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    loads = []
+    for ref in ready:
+        try:
+            loads.append(ray.get(ref))
+        except _ACTOR_ERRORS:
+            continue
+    return loads
+
+
 def keep(
     config: ActorConfig,
     replicas: int,
@@ -361,13 +383,21 @@ def keep(
     every_s: float = 10.0,
     stop: threading.Event | None = None,
     drain_s: float = 60.0,
+    autoscaler: Autoscaler | None = None,
 ) -> None:
     """Keep the pool at `replicas` actors until `stop` is set: every `every_s`, create the actors
-    that are missing (after a head restart, all of them) and drain the extra ones. An error (the
-    head unreachable) propagates: the keeper's process exits and its supervisor restarts it."""
+    that are missing (after a head restart, all of them) and drain the extra ones. With an
+    `autoscaler`, the size is the one it asks for from the actors' load, read at each check. An
+    error (the head unreachable) propagates: the keeper's process exits and its supervisor
+    restarts it."""
     stop = stop or threading.Event()
     while True:
         names = actor_names(prefix, namespace)
+        if autoscaler is not None:
+            wanted = autoscaler.observe(time.monotonic(), signals_from(_loads(names, namespace)))
+            if wanted != replicas:
+                log.warning("target pool %s: its load asks for %d actors, not %d", prefix, wanted, replicas)
+                replicas = wanted
         if names != [f"{prefix}-{i}" for i in range(replicas)]:
             log.warning("target pool %s: %d actors, want %d: reconciling", prefix, len(names), replicas)
             launch(config, replicas, prefix, namespace, drain_s)

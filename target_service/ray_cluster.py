@@ -27,9 +27,17 @@ import ray._private.utils
 NODE_OBJECT_STORE_BYTES = 100 * 1000 * 1000
 
 
-def connect(address: str | None, namespace: str, num_cpus: int | None = None) -> None:
+def connect(
+    address: str | None,
+    namespace: str,
+    num_cpus: int | None = None,
+    redis: str | None = None,
+    redis_password: str | None = None,
+) -> None:
     """Join the cluster at `address` (its auth settings come from the environment, as Ray reads
-    them), or start a local one with token authentication and a token of our own."""
+    them), or start a local one with token authentication and a token of our own; with `redis`
+    (HOST:PORT), its GCS keeps the cluster's state there (GCS fault tolerance: a GCS restarted
+    with the same flags comes back as the same cluster while the actors keep serving)."""
     if ray.is_initialized():
         return
     if address:
@@ -39,9 +47,19 @@ def connect(address: str | None, namespace: str, num_cpus: int | None = None) ->
     # (it must be set before ray is imported to take effect); our token is the one it finds.
     if os.environ.get("RAY_AUTH_MODE", "token") == "token":
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    extra = {}
+    if redis:
+        # Ray's head reads the store from its environment, and the GCS process inherits it. A
+        # namespace of this cluster's own: a new local cluster must not load the state an
+        # earlier one left in the same Redis (its nodes and actors are gone).
+        os.environ["RAY_REDIS_ADDRESS"] = redis
+        os.environ.setdefault("RAY_external_storage_namespace", f"specdec-{secrets.token_hex(8)}")
+        extra["_redis_password"] = redis_password or ""
     # address="local": always a new cluster, never one a stale address file (a `ray start` that
     # crashed, another test run) names.
-    ray.init(address="local", num_cpus=num_cpus, namespace=namespace, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local", num_cpus=num_cpus, namespace=namespace, include_dashboard=False, log_to_driver=False, **extra
+    )
 
 
 class RayNode:

@@ -44,6 +44,13 @@ class StackConfig:
         "the target actors' decode-shaped passes through torch.compile: inductor, or cudagraphs (GPU only)",
         choices=COMPILE_MODES,
     )
+    ray_redis: str | None = setting(
+        None,
+        "a Redis for the local Ray head's GCS: GCS fault tolerance, a restarted GCS recovers the "
+        "cluster while the actors keep serving (default: none, the GCS state in memory)",
+        metavar="HOST:PORT",
+    )
+    ray_redis_password: str | None = setting(None, "the password of --ray-redis", secret=True, repr=False)
     pool_name: str = PREFIX  # actors are <pool_name>-0 .. -(n-1)
     namespace: str = NAMESPACE
     trace_file: str | None = setting(  # JSON lines
@@ -105,7 +112,7 @@ class LocalStack:
             from specdec.target_service.ray_cluster import connect
 
             # One CPU per actor at least: Ray would otherwise leave the extra actors pending.
-            connect(None, c.namespace, num_cpus=cpus)
+            connect(None, c.namespace, num_cpus=cpus, redis=c.ray_redis, redis_password=c.ray_redis_password)
         else:
             cpus = int(ray.available_resources().get("CPU", 1))
         # The machine's cores shared out over the actors: each runs its matmuls on its share.

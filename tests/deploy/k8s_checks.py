@@ -436,6 +436,16 @@ def check_target_tier(objs: list[dict], overlay: str) -> list[str]:
 
 def check_autoscaling(objs: list[dict]) -> list[str]:
     problems = []
+    # KEDA's ScaledObjects make HPAs of their own (scaleTargetRef's kind defaults to Deployment).
+    for so in find(objs, "ScaledObject"):
+        ref = so["spec"]["scaleTargetRef"]
+        targets = find(objs, ref.get("kind", "Deployment"), ref["name"])
+        if not targets:
+            problems.append(f"ScaledObject {so['metadata']['name']}: no {ref.get('kind', 'Deployment')} {ref['name']}")
+        elif "replicas" in targets[0]["spec"]:
+            problems.append(f"Deployment {ref['name']}: spec.replicas is set, and every apply would undo KEDA's HPA")
+        if so["spec"].get("minReplicaCount", 0) > so["spec"].get("maxReplicaCount", 100):
+            problems.append(f"ScaledObject {so['metadata']['name']}: minReplicaCount > maxReplicaCount")
     for hpa in find(objs, "HorizontalPodAutoscaler"):
         ref = hpa["spec"]["scaleTargetRef"]
         targets = find(objs, ref["kind"], ref["name"])

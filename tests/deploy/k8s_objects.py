@@ -21,7 +21,10 @@ OVERLAYS = ("dev-cpu", "gpu")
 # that kubernetes-validate knows: a field added later or removed since fails one of them.
 K8S_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
 IMAGE = "specdec"  # the image name in the base; overlays only retag it
-CUSTOM_SCHEMAS = {("ray.io/v1", "RayCluster"): K8S / "schemas" / "ray.io_v1_RayCluster.json"}
+CUSTOM_SCHEMAS = {
+    ("ray.io/v1", "RayCluster"): K8S / "schemas" / "ray.io_v1_RayCluster.json",
+    ("keda.sh/v1alpha1", "ScaledObject"): K8S / "schemas" / "keda.sh_v1alpha1_ScaledObject.json",
+}
 CODE_DIRS = ("specdec", "coordinator", "draft_service", "target_service")
 
 # Every environment variable the code reads (found by grepping CODE_DIRS), and what the manifests
@@ -44,6 +47,7 @@ ENV_POLICY: dict[str, tuple[str, ...] | str] = {
     "SPECDEC_TRACE_FILE": "default: the local span file of `specdec up`; in a cluster spans go over OTLP",
     "RAY_AUTH_MODE": RAY_ROLES,
     "RAY_AUTH_TOKEN": RAY_ROLES,  # from a Secret (checked)
+    "RAY_REDIS_ADDRESS": ("target-head",),  # GCS fault tolerance: the head's store (redis.yaml)
     "SPECDEC_COORDINATOR_TLS_CERT": "default: unset serves plaintext; in-cluster traffic stays in the cluster "
     "(TLS is for a port exposed outside it)",
     "SPECDEC_COORDINATOR_TLS_KEY": "default: goes with SPECDEC_COORDINATOR_TLS_CERT",

@@ -130,7 +130,9 @@ def rendered() -> tuple[dict[str, tuple[list[str], dict[str, str]]], dict[str, d
 
 
 def pod_env(rendered_env: dict[str, str], cache: Path) -> dict[str, str]:
-    env = {k: v for k, v in rendered_env.items() if not v.startswith("<secret")}
+    # Without the head's Redis (GCS fault tolerance is tests/reliability/test_gcs_ft.py's): a
+    # restarted head here is a new cluster, the path the processes must heal from on their own.
+    env = {k: v for k, v in rendered_env.items() if not v.startswith("<secret") and k != "RAY_REDIS_ADDRESS"}
     env.update(
         PATH=os.environ["PATH"],
         HOME=os.environ.get("HOME", "/tmp"),
@@ -159,8 +161,8 @@ def ray_start(params: dict[str, str], extra: list[str]) -> list[str]:
     free when each run starts (a restarted node must not count on its old ones)."""
     argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats", *extra]
     for key, value in params.items():
-        if key == "dashboard-host" or key in NODE_PORTS:
-            continue  # the dashboard is off here; ports are free ones of this host
+        if key in ("dashboard-host", "redis-password") or key in NODE_PORTS:
+            continue  # the dashboard is off here; ports are free ones of this host; no Redis here
         argv += [f"--{key}", value]
     return argv
 
@@ -179,7 +181,7 @@ class RayNodePod(Pod):
 
 def client_server_pids(port: int) -> list[int]:
     """The processes of the Ray Client server listening on `port`."""
-    return [pid for pid, cmdline in _processes() if "ray.util.client.server" in cmdline and f"--port={port}" in cmdline]
+    return [pid for pid, cmdline in processes() if "ray.util.client.server" in cmdline and f"--port={port}" in cmdline]
 
 
 def listener_pid(port: int) -> int | None:
@@ -200,7 +202,7 @@ def listener_pid(port: int) -> int | None:
     return None
 
 
-def _processes():
+def processes():
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
