@@ -14,6 +14,7 @@ completes equals the single-process engine's.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import signal
 import sys
@@ -144,10 +145,12 @@ def cluster(tiny_dir, tiny, tmp_path_factory):
 
 
 def _sessions(port: int) -> float | None:
-    """The sessions a target actor holds, from its /metrics on `port` (None: no actor there)."""
+    """The sessions a target actor holds, from its /metrics on `port` (None: no actor there; the
+    ports above the actors' may be any process's on this host, a Ray node's free ones included,
+    which may answer with anything but HTTP)."""
     try:
         return scrape(f"127.0.0.1:{port}").get("specdec:target_sessions")
-    except OSError:
+    except (OSError, http.client.HTTPException, ValueError):
         return None
 
 
