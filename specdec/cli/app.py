@@ -5,6 +5,7 @@
   specdec generate "prompt"                one request to a running coordinator (--address, --stream)
   specdec generate --in-process "prompt"   one request through the single-process engine
   specdec trace ID | --last                one request's rounds from the trace file `specdec up` writes
+  specdec plan --costs FILE --rate R ...   target and draft replicas for a load, from a bench's costs
   specdec coordinator ...                  the coordinator alone (flags: python -m specdec.coordinator --help)
   specdec draft ...                        the draft tier (flags: python -m specdec.draft_service --help)
   specdec target ...                       the target actor pool (python -m specdec.target_service --help)
@@ -413,6 +414,35 @@ async def _demo(config, prompt: str, max_new_tokens: int) -> int:
     return code
 
 
+def _plan_parser(sub) -> argparse.ArgumentParser:
+    from specdec.bench.planner import PlanConfig
+
+    p = sub.add_parser(
+        "plan",
+        help="target and draft replicas a load needs, with the expected tokens/s, ITL and TTFT (docs/planning.md)",
+    )
+    add_flags(p, PlanConfig)
+    return p
+
+
+def _cmd_plan(args) -> int:
+    import json
+
+    from specdec.bench.planner import PlanConfig, PlanError, load_costs, plan, report
+
+    config = from_flags(PlanConfig, args)
+    try:
+        result = plan(config, load_costs(config.costs))
+    except PlanError as e:
+        print(f"specdec plan: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(report(config, result)))
+    if config.json_path:
+        with open(config.json_path, "w") as f:
+            json.dump({"config": vars(args) | {"command": "plan"}, "plan": result.as_dict()}, f, indent=1)
+    return 0
+
+
 def _cmd_trace(args, parser) -> int:
     from pathlib import Path
 
@@ -477,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("trace_id", nargs="?", help="the trace id a response carries (32 hex digits)")
     tr.add_argument("--last", action="store_true", help="the request that finished last")
     tr.add_argument("--file", default=None, help="the trace file (default ~/.cache/specdec/traces.jsonl)")
+    _plan_parser(sub)
     for name, (_, help_text) in _DELEGATED.items():
         sub.add_parser(name, help=help_text, add_help=False)  # listed in --help; handled above
     args = parser.parse_args(argv)
@@ -484,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_generate(args)
     if args.command == "trace":
         return _cmd_trace(args, parser)
+    if args.command == "plan":
+        return _cmd_plan(args)
     from specdec.cli.trace_view import default_trace_file
     from specdec.telemetry.tracing import configure_tracing
 
