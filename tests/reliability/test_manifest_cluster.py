@@ -67,11 +67,13 @@ class Cluster:
         return [p for p in range(self.metrics_port, self.metrics_port + ACTOR_PORTS) if _sessions(p) is not None]
 
     def keeper(self, replicas: int) -> None:
-        """Roll the keeper to `replicas` actors, as `kubectl set env deployment/specdec-target-pool
-        TARGET_REPLICAS=N` does: the old keeper stops, a new one starts with the new count."""
+        """Roll the keeper to `replicas` actors, as an operator pins the pool's size (the keeper's
+        args with `--autoscale off`, and `kubectl set env deployment/specdec-target-pool
+        TARGET_REPLICAS=N`): the old keeper stops, a new one starts with the new count. Pinned,
+        since these tests set the size themselves; the load-driven size is test_load_signals'."""
         if "keeper" in self.pods:
             self.pods["keeper"].stop()
-        argv = with_flag(self.keeper_argv, "--replicas", str(replicas))
+        argv = with_flag(with_flag(self.keeper_argv, "--autoscale", "off"), "--replicas", str(replicas))
         self.pods["keeper"] = Pod(
             f"keeper-{replicas}-{time.monotonic():.0f}", [sys.executable, "-m", "specdec.cli.app", *argv],
             self.keeper_env, self.logs, niceness=BEHIND_RAY,
