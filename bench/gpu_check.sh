@@ -12,7 +12,9 @@
 # side by side; the last one times the two paged attention kernels. On CUDA the verifier keeps full
 # logits (the bf16 greedy screen, specdec/runtime/greedy_head.py, serves fp32 CPU heads only), and
 # the actor's decoding ahead (target_service/lookahead.py) is device-agnostic: the fp32 exactness
-# checks here cover the pass as GPUs run it.
+# checks here cover the pass as GPUs run it. Gemma 3's paged decoder (specdec/runtime/paged_gemma3.py)
+# runs every eager pass (prefills, and decode passes without --compile); the run with
+# SPECDEC_PAGED_DECODER=0 gives transformers' modules beside it.
 set -euo pipefail
 larger="${1:-}"
 out="${2:-gpu-check}"
@@ -21,6 +23,8 @@ python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no C
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 # Eager beside --compile cudagraphs (the fp32 run must be exact on both), then bf16 beside inductor.
 python -m specdec.bench.gpu_engine --device cuda --dtype fp32 --compile cudagraphs --json "$out/embedded-fp32.json"
+SPECDEC_PAGED_DECODER=0 python -m specdec.bench.gpu_engine --device cuda --dtype fp32 --compile cudagraphs \
+  --json "$out/embedded-fp32-modules.json"
 python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile cudagraphs --json "$out/embedded-bf16.json"
 python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile inductor --json "$out/embedded-bf16-inductor.json"
 if [ -n "$larger" ]; then

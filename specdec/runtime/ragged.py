@@ -33,6 +33,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from specdec.core import tree
 from specdec.runtime.compiled import Decoder
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape, default_budget
+from specdec.runtime.paged_gemma3 import paged_decoder
 from specdec.runtime.projection import forward_hidden, forward_logits
 
 IMPLEMENTATION = "specdec_paged"
@@ -99,7 +100,9 @@ def ragged_forward(
 ) -> torch.Tensor:
     """Run `rows` through the model in one pass, writing their states into the pool. Returns the
     logits of every row's kept positions, concatenated in row order: (sum of keep, vocab).
-    `decoder`: a compiled twin of the model's decoder, run when the pass is decode-shaped."""
+    `decoder`: a compiled twin of the model's decoder, run when the pass is decode-shaped; other
+    passes run the model's paged decoder (`specdec.runtime.paged_gemma3`) where one serves it,
+    else transformers' modules."""
     keep, decoder, inputs = _pass(model, pool, rows, decoder)
     return forward_logits(model, keep, decoder, **inputs)[0]
 
@@ -132,7 +135,9 @@ def _pass(model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row], decode
         use_cache=False,
         specdec_pass=layout,
     )
-    return _tensor(kept, device), decoder if decoder is not None and decode_shaped(rows) else None, inputs
+    if decoder is None or not decode_shaped(rows):
+        decoder = paged_decoder(model)  # None: transformers' modules
+    return _tensor(kept, device), decoder, inputs
 
 
 def decode_shaped(rows: Sequence[Row]) -> bool:
@@ -234,24 +239,38 @@ def paged_attention(
         )
     if getattr(module, "attn_logit_softcapping", None):
         raise NotImplementedError("paged attention has no logit softcapping (Gemma 2)")
-    layout, layer = specdec_pass, module.layer_idx
+    query, key, value = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, d)
+    attended = attend(specdec_pass, module.layer_idx, query, key, value, scaling, sliding_window)
+    return attended.unsqueeze(0), None  # (1, T, H, d), as transformers' attention functions return
+
+
+def attend(
+    layout: PassLayout,
+    layer: int,
+    query: torch.Tensor,  # (T, H, d)
+    key: torch.Tensor,  # (T, Hkv, d): the new positions only
+    value: torch.Tensor,
+    scaling: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """Layer `layer`'s attention for the pass: the new keys and values written to their pool
+    slots, then each group's queries over its rows' keys. Returns (T, H, d)."""
     keys, values = layout.pool.keys[layer], layout.pool.values[layer]
-    keys.index_copy_(0, layout.new_slots, key[0].transpose(0, 1).to(keys.dtype))
-    values.index_copy_(0, layout.new_slots, value[0].transpose(0, 1).to(values.dtype))
+    keys.index_copy_(0, layout.new_slots, key.to(keys.dtype))
+    values.index_copy_(0, layout.new_slots, value.to(values.dtype))
     heads, dim, kv_heads = query.shape[1], query.shape[-1], keys.shape[1]
-    packed_query = query[0].transpose(0, 1)  # (T, H, d)
-    out = packed_query.new_empty(layout.tokens, heads, dim)
+    out = query.new_empty(layout.tokens, heads, dim)
     for group in layout.groups:
         b, n, c = group.rows, group.queries, group.keys
-        q = packed_query.index_select(0, group.query_index).view(b, n, heads, dim).transpose(1, 2)
+        q = query.index_select(0, group.query_index).view(b, n, heads, dim).transpose(1, 2)
         k = keys.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
         v = values.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
         attended = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=group.mask(sliding_window), scale=scaling, enable_gqa=heads != kv_heads
+            q, k, v, attn_mask=group.mask(window), scale=scaling, enable_gqa=heads != kv_heads
         )  # (b, H, n, d)
         attended = attended.transpose(1, 2).reshape(b * n, heads, dim)
         out.index_copy_(0, group.packed, attended.index_select(0, group.valid))
-    return out.unsqueeze(0), None  # (1, T, H, d), as transformers' attention functions return
+    return out
 
 
 AttentionInterface.register(IMPLEMENTATION, paged_attention)
@@ -264,9 +283,11 @@ def use_paged_attention(model: PreTrainedModel) -> None:
 
 
 def paged_pool(model: PreTrainedModel, kv_cache_bytes: int | None) -> KVBlockPool:
-    """`model` switched to paged attention, and a block pool for it on its device and dtype:
-    `kv_cache_bytes`, or `default_budget` for that device when None."""
+    """`model` switched to paged attention (and its paged decoder made, where one serves it), and
+    a block pool for it on its device and dtype: `kv_cache_bytes`, or `default_budget` for that
+    device when None."""
     use_paged_attention(model)
+    paged_decoder(model)
     weight = next(model.parameters())
     budget = kv_cache_bytes if kv_cache_bytes is not None else default_budget(weight.device)
     return KVBlockPool(KVShape.of(model.config), budget, weight.dtype, weight.device)

@@ -1,0 +1,83 @@
+"""Gemma 3's paged decoder: it serves Gemma 3 and nothing else, its fused projections are views of
+one storage (the model's parameters and plain forwards unchanged), and a pass through it gives
+the logits transformers' modules give, prefill chunks, verify rows and trees alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import make_tiny_model
+
+from specdec.core import tree
+from specdec.drafts.loading import load_model
+from specdec.runtime import paged_gemma3
+from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape
+from specdec.runtime.paged_gemma3 import PagedGemma3, paged_decoder
+from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
+
+MiB = 1 << 20
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    return torch.randint(3, 250, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture
+def gemma3(tmp_path):
+    """A private tiny Gemma 3 (the decoder fuses its weights in place), 3 layers, window 8."""
+    return load_model(str(make_tiny_model("gemma3", tmp_path / "g", seed=4, num_layers=3, sliding_window=8)))
+
+
+def test_it_serves_gemma3_only(tiny, gemma3):
+    assert isinstance(paged_decoder(gemma3.model), PagedGemma3)
+    assert paged_decoder(gemma3.model) is paged_decoder(gemma3.model)  # made once
+    assert paged_decoder(tiny("llama", 1).model) is None
+    assert paged_decoder(tiny("gpt2", 1).model) is None
+
+
+@torch.inference_mode()
+def test_fused_projections_are_views_and_leave_the_model_unchanged(gemma3):
+    model = gemma3.model
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    ids = torch.tensor([_ids(0, 20)])
+    plain = model(input_ids=ids, use_cache=False).logits
+    decoder = paged_decoder(model)
+    attention, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    fused = decoder.layers[1]
+    assert attention.q_proj.weight.data_ptr() == fused.qkv.weight.data_ptr()
+    assert attention.k_proj.weight.untyped_storage().data_ptr() == fused.qkv.weight.untyped_storage().data_ptr()
+    assert mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up.weight.untyped_storage().data_ptr()
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[name], t) for name, t in before.items())
+    assert torch.equal(model(input_ids=ids, use_cache=False).logits, plain)
+
+
+@torch.inference_mode()
+def test_a_pass_gives_the_modules_logits(gemma3):
+    """The same rows through the paged decoder and through transformers' modules, each on its own
+    pool: prefills past the window, then verify rows beside a tree, then decode rows."""
+    model = gemma3.model
+    use_paged_attention(model)
+    decoder = paged_decoder(model)
+    tokens, parents = tree.from_branches([[5, 6, 7], [5, 9], [11, 12]])
+    steps = [
+        [(_ids(1, 23), 2, None), (_ids(2, 5), 1, None), (_ids(3, 1), 1, None)],
+        [([7, 8, 9], 3, None), ([10, *tokens], len(tokens) + 1, parents), ([4], 1, None)],
+    ]
+    outputs = {}
+    for arm in ("paged", "modules"):
+        model.__dict__[paged_gemma3._ATTR] = decoder if arm == "paged" else None
+        pool = KVBlockPool(KVShape.of(model.config), 4 * MiB, block_size=4)
+        tables = [BlockTable() for _ in range(3)]
+        got = []
+        for step in steps:
+            rows = []
+            for table, (new, keep, tree_parents) in zip(tables, step):
+                pool.grow(table, table.length + len(new))
+                rows.append(Row(table, new, keep, tree_parents))
+            got.append(ragged_forward(model, pool, rows))
+        outputs[arm] = got
+    model.__dict__[paged_gemma3._ATTR] = decoder
+    for paged, modules in zip(outputs["paged"], outputs["modules"]):
+        torch.testing.assert_close(paged, modules, rtol=1e-5, atol=1e-5)
