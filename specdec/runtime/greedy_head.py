@@ -26,6 +26,7 @@ from specdec.runtime.projection import HEAD_LABEL, PACK_BATCH_HINT
 
 _U = 2.0**-8  # bf16 unit roundoff (8 bits of precision)
 _MAX_CANDIDATES = 1 << 16  # recomputed positions per pass beyond which the full product is cheaper
+_BLOCK = 64  # tokens a block of the screen's logits, searched for candidates only past its max
 
 
 class GreedyHead:
@@ -75,13 +76,23 @@ class GreedyHead:
             approx = torch.nn.functional.linear(h16, self.bf16)  # (rows, vocab), bf16
         if self.bias is not None:
             approx = approx.float() + self.bias
-        high = approx.amax(dim=1).float()  # (rows,) max_j z'_j
+        # The screen's maxima by blocks of _BLOCK tokens: a token within 2e of the row's max lies
+        # in a block whose max is, so only those blocks are searched (one pass over the logits,
+        # not a mask of them all).
+        n, vocab = approx.shape
+        block = _BLOCK if vocab % _BLOCK == 0 else vocab
+        blocks = approx.view(n, vocab // block, block)
+        block_max = blocks.amax(dim=2)  # (rows, blocks)
+        high = block_max.amax(dim=1).float()  # (rows,) max_j z'_j
         # r bounds the rounding of h and W and both accumulations; the bf16 output adds u |z'_j|,
         # and for every token that matters (z'_j within 2e of the max) |z'_j| <= |high| + 2e,
         # hence e = (r + u |high|) / (1 - 2u) (module docstring).
         r = self.c * hidden.norm(dim=1) * self.max_norm
         e = (r + _U * high.abs()) / (1 - 2 * _U)
-        rows, cols = torch.nonzero(approx >= (high - 2 * e).unsqueeze(1), as_tuple=True)
+        floor = high - 2 * e  # (rows,)
+        block_rows, block_ids = torch.nonzero(block_max >= floor.unsqueeze(1), as_tuple=True)
+        inside, offsets = torch.nonzero(blocks[block_rows, block_ids] >= floor[block_rows].unsqueeze(1), as_tuple=True)
+        rows, cols = block_rows[inside], block_ids[inside] * block + offsets
         if rows.numel() > _MAX_CANDIDATES:
             return torch.argmax(project(hidden), dim=-1)
         exact = (hidden[rows] * self.weight[cols]).sum(-1)  # (candidates,)
