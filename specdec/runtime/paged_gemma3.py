@@ -51,9 +51,10 @@ _LAYER_NORMS = (
 
 
 def paged_decoder(model: PreTrainedModel):
-    """The paged decoder of `model` (made at the first call, then kept on the model), or None
-    when it does not serve this model."""
-    if _ATTR not in model.__dict__:
+    """The paged decoder of `model` (made at the first call, then kept on the model, and made again
+    if the model's layers were cut since), or None when it does not serve this model."""
+    made = model.__dict__.get(_ATTR)
+    if _ATTR not in model.__dict__ or (made is not None and len(made.layers) != len(model.base_model.layers)):
         # Outside inference mode: the fused weights are parameters' storage, which any later
         # forward (and oneDNN's packing, by its version counter) must be able to use.
         with torch.inference_mode(False), torch.no_grad():
