@@ -10,7 +10,7 @@ accumulations over d terms of the screen and of the recomputation; ||h|| ||w_j||
 sum_i |h_i w_ji| by Cauchy-Schwarz): |z~_j - z_j| <= r and |z'_j - z~_j| <= u |z~_j|. Rounding
 is monotone, so a token whose recomputed logit can reach the screen's argmax a has
 z'_j >= max z' - 2e, with e = (r + u |z'_a|) / (1 - 2u). Every such token is recomputed
-exactly (two a row at the median on real text); the argmax over them is the argmax over all,
+exactly (a few a row on real text); the argmax over them is the argmax over all,
 ties to the lowest id as `torch.argmax` breaks them. The result equals the argmax of the full
 fp32 product up to fp32 rounding, as one batch composition's product equals another's.
 
