@@ -15,7 +15,7 @@ layer is a few tensor calls on the packed (T, d) activations:
 - the rotary embedding rotates the two halves of each head with the cos and sin of the pass's
   positions, made once a pass for each layer type: q1 c - q2 s and q2 c + q1 s, the products
   and sums transformers' q cos + rotate_half(q) sin makes;
-- attention is the pass's paged attention (`ragged.attend`) on (T, heads, head_dim) tensors.
+- attention is the pass's paged attention (`PassLayout.attend`) on (T, heads, head_dim) tensors.
 
 Outputs equal the modules' up to float rounding (the fused GEMMs may block their sums
 differently), as one batch composition's equal another's; tests check the logits against a plain
@@ -121,8 +121,6 @@ class PagedGemma3:
         )
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, specdec_pass, **_) -> BaseModelOutput:
-        from specdec.runtime.ragged import attend  # ragged imports this module
-
         hidden = self.embed(input_ids[0])  # (T, d), the embedding's scale included
         rotations = {kind: self._rotation(position_ids[0], kind) for kind in {layer.kind for layer in self.layers}}
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -136,7 +134,7 @@ class PagedGemma3:
             cos, sin = rotations[layer.kind]
             q = _rotate(_rms(q, layer.norms["q"]), cos, sin)
             k = _rotate(_rms(k, layer.norms["k"]), cos, sin)
-            attended = attend(specdec_pass, layer.index, q, k, v.contiguous(), self.scaling, layer.window)
+            attended = specdec_pass.attend(layer.index, q, k, v, self.scaling, layer.window)
             x = layer.o(attended.reshape(attended.shape[0], -1))
             hidden = residual + _rms(x, layer.norms["post_attention_layernorm"])
             residual = hidden

@@ -94,6 +94,10 @@ class PassLayout:
     groups: list[_Group]
     tokens: int  # T
 
+    def attend(self, layer: int, query, key, value, scaling: float | None, window: int | None) -> torch.Tensor:
+        """`attend` for this pass: what a decoder written for the pass calls (paged_gemma3)."""
+        return attend(self, layer, query, key, value, scaling, window)
+
 
 def ragged_forward(
     model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row], decoder: Decoder | None = None
