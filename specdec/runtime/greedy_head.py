@@ -98,7 +98,6 @@ class GreedyHead:
         exact = (hidden[rows] * self.weight[cols]).sum(-1)  # (candidates,)
         if self.bias is not None:
             exact += self.bias[cols]
-        n = hidden.shape[0]
         best = torch.full((n,), float("-inf"), dtype=exact.dtype).scatter_reduce(0, rows, exact, "amax")
         tied = exact == best[rows]
         # The lowest id among a row's best, as torch.argmax breaks ties.

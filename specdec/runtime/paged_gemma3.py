@@ -96,7 +96,6 @@ class PagedGemma3:
 
     def __init__(self, base: nn.Module):
         config = base.config
-        self.config = config
         self.embed = base.embed_tokens
         self.rotary = base.rotary_emb
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads

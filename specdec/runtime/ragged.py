@@ -94,9 +94,34 @@ class PassLayout:
     groups: list[_Group]
     tokens: int  # T
 
-    def attend(self, layer: int, query, key, value, scaling: float | None, window: int | None) -> torch.Tensor:
-        """`attend` for this pass: what a decoder written for the pass calls (paged_gemma3)."""
-        return attend(self, layer, query, key, value, scaling, window)
+    def attend(
+        self,
+        layer: int,
+        query: torch.Tensor,  # (T, H, d)
+        key: torch.Tensor,  # (T, Hkv, d): the new positions only
+        value: torch.Tensor,
+        scaling: float | None,
+        window: int | None,
+    ) -> torch.Tensor:
+        """Layer `layer`'s attention for the pass: the new keys and values written to their pool
+        slots, then each group's queries over its rows' keys. Returns (T, H, d). Transformers'
+        modules reach it through `paged_attention`, Gemma 3's paged decoder directly."""
+        keys, values = self.pool.keys[layer], self.pool.values[layer]
+        keys.index_copy_(0, self.new_slots, key.to(keys.dtype))
+        values.index_copy_(0, self.new_slots, value.to(values.dtype))
+        heads, dim, kv_heads = query.shape[1], query.shape[-1], keys.shape[1]
+        out = query.new_empty(self.tokens, heads, dim)
+        for group in self.groups:
+            b, n, c = group.rows, group.queries, group.keys
+            q = query.index_select(0, group.query_index).view(b, n, heads, dim).transpose(1, 2)
+            k = keys.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
+            v = values.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=group.mask(window), scale=scaling, enable_gqa=heads != kv_heads
+            )  # (b, H, n, d)
+            attended = attended.transpose(1, 2).reshape(b * n, heads, dim)
+            out.index_copy_(0, group.packed, attended.index_select(0, group.valid))
+        return out
 
 
 def ragged_forward(
@@ -244,37 +269,8 @@ def paged_attention(
     if getattr(module, "attn_logit_softcapping", None):
         raise NotImplementedError("paged attention has no logit softcapping (Gemma 2)")
     query, key, value = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, d)
-    attended = attend(specdec_pass, module.layer_idx, query, key, value, scaling, sliding_window)
+    attended = specdec_pass.attend(module.layer_idx, query, key, value, scaling, sliding_window)
     return attended.unsqueeze(0), None  # (1, T, H, d), as transformers' attention functions return
-
-
-def attend(
-    layout: PassLayout,
-    layer: int,
-    query: torch.Tensor,  # (T, H, d)
-    key: torch.Tensor,  # (T, Hkv, d): the new positions only
-    value: torch.Tensor,
-    scaling: float | None,
-    window: int | None,
-) -> torch.Tensor:
-    """Layer `layer`'s attention for the pass: the new keys and values written to their pool
-    slots, then each group's queries over its rows' keys. Returns (T, H, d)."""
-    keys, values = layout.pool.keys[layer], layout.pool.values[layer]
-    keys.index_copy_(0, layout.new_slots, key.to(keys.dtype))
-    values.index_copy_(0, layout.new_slots, value.to(values.dtype))
-    heads, dim, kv_heads = query.shape[1], query.shape[-1], keys.shape[1]
-    out = query.new_empty(layout.tokens, heads, dim)
-    for group in layout.groups:
-        b, n, c = group.rows, group.queries, group.keys
-        q = query.index_select(0, group.query_index).view(b, n, heads, dim).transpose(1, 2)
-        k = keys.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
-        v = values.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
-        attended = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=group.mask(window), scale=scaling, enable_gqa=heads != kv_heads
-        )  # (b, H, n, d)
-        attended = attended.transpose(1, 2).reshape(b * n, heads, dim)
-        out.index_copy_(0, group.packed, attended.index_select(0, group.valid))
-    return out
 
 
 AttentionInterface.register(IMPLEMENTATION, paged_attention)
