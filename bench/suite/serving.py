@@ -11,7 +11,8 @@ makes exactly `max_tokens` tokens, serially and as N concurrent streams. Arms:
   transformers  transformers' own `generate`, greedy, in this process, at one stream only
 
 Each repeat runs every arm once per (prompt set, concurrency) in a fresh seeded order, so a busy
-neighbour slows all alike; each figure is the median over repeats. With m prompts, each of N
+neighbour slows all alike; each figure is the median over repeats, each ratio (x vllm, and the
+default over speculation off) the median of the repeats' paired ratios. With m prompts, each of N
 streams runs max(1, m // N) requests back to back, stream i starting at prompt i. Per level:
 tokens/s (all tokens over the wave's wall time), time to first token and inter-token latency
 (the gaps between streamed chunks; a speculative chunk may hold several tokens) at p50 / p99
@@ -125,6 +126,10 @@ def transformers_wave(model, prompts: list[list[int]], new_tokens: int) -> tuple
     return runs, time.perf_counter() - t0
 
 
+# The arms each cell's ratios are taken against: the peer, and our own target pass.
+BASES = ("vllm", "specdec_off")
+
+
 def summarise(runs: list[Streamed], seconds: list[float], tokens: list[int]) -> dict:
     gaps = sorted(g for r in runs for g in r.gaps)
     ttfts = sorted(r.ttft for r in runs)
@@ -135,7 +140,22 @@ def summarise(runs: list[Streamed], seconds: list[float], tokens: list[int]) -> 
         "itl_p50_ms": 1000 * _pct(gaps, 50) if gaps else None,
         "itl_p99_ms": 1000 * _pct(gaps, 99) if gaps else None,
         "repeats": len(seconds),
+        "tokens_per_s_repeats": [t / s for t, s in zip(tokens, seconds)],
     }
+
+
+def paired_ratios(by_arm: dict[str, dict]) -> None:
+    """Each arm's tokens/s over each base's (`BASES`) as the median of per-repeat ratios: every arm
+    runs once per repeat at a cell, so repeat i of two arms ran minutes apart at most, and a busy
+    neighbour slowing one repeat slows both sides of its ratio (a ratio of medians mixes repeats)."""
+    for arm, cell in by_arm.items():
+        cell["x"] = {
+            base: statistics.median(
+                a / b for a, b in zip(cell["tokens_per_s_repeats"], by_arm[base]["tokens_per_s_repeats"])
+            )
+            for base in BASES
+            if base in by_arm and base != arm
+        }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -187,6 +207,9 @@ async def measure(
         name: {level: {arm: summarise(*cell) for arm, cell in by_arm.items()} for level, by_arm in by_level.items()}
         for name, by_level in raw.items()
     }
+    for by_level in table.values():
+        for by_arm in by_level.values():
+            paired_ratios(by_arm)
     return {"table": table, "mismatches": mismatches}
 
 
@@ -194,15 +217,18 @@ def report(result: dict, levels: list[int]) -> str:
     lines = []
     for name, by_level in result["table"].items():
         arms = [a for a in ARMS if any(a in by_level[lv] for lv in by_level)]
-        lines.append(f"\n== {name}: tokens/s (median), x vllm ==")
+        lines.append(f"\n== {name}: tokens/s (median), x vllm (median of paired repeats) ==")
         lines.append(f"{'arm':<14}" + "".join(f"{str(lv) + ' streams':>22}" for lv in levels))
         for arm in arms:
             cells = []
             for lv in levels:
-                s, peer = by_level[lv].get(arm), by_level[lv].get("vllm")
-                ratio = f" ({s['tokens_per_s'] / peer['tokens_per_s']:.2f}x)" if s and peer else ""
+                s = by_level[lv].get(arm)
+                ratio = f" ({s['x']['vllm']:.2f}x)" if s and "vllm" in s["x"] else ""
                 cells.append(f"{s['tokens_per_s']:.1f}{ratio}" if s else "-")
             lines.append(f"{arm:<14}" + "".join(f"{c:>22}" for c in cells))
+        if "specdec" in arms and "specdec_off" in arms:  # the load-aware budget: never below off
+            cells = [f"{by_level[lv]['specdec']['x']['specdec_off']:.3f}x" for lv in levels]
+            lines.append(f"{'x off, paired':<14}" + "".join(f"{c:>22}" for c in cells))
         lines.append(f"{'latency ms':<14}" + "".join(f"{'ttft p50/p99 itl p50/p99':>30}" for _ in levels[:1]))
         for arm in arms:
             for lv in levels:

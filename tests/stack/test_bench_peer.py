@@ -43,8 +43,13 @@ def test_the_server_comparison_runs_every_arm_and_compares_tokens(tiny_dir, tmp_
         for level, by_arm in by_level.items():
             for arm, cell in by_arm.items():
                 assert cell["tokens_per_s"] > 0 and cell["ttft_p99_ms"] >= cell["ttft_p50_ms"] > 0, (level, arm)
+                # One repeat: each paired ratio is that repeat's own ratio of the two arms.
+                for base in {"vllm", "specdec_off"} - {arm}:
+                    mine, theirs = cell["tokens_per_s_repeats"], by_arm[base]["tokens_per_s_repeats"]
+                    assert cell["x"][base] == mine[0] / theirs[0], (level, arm, base)
                 if arm != "transformers":  # a streamed arm has chunks to time between
                     assert cell["itl_p99_ms"] >= cell["itl_p50_ms"] > 0, (level, arm)
     assert result["config"]["commit"] and result["config"]["levels"] == [1, 2]
     printed = capsys.readouterr().out
-    assert "== free: tokens/s (median), x vllm ==" in printed and "outputs equal:" in printed
+    assert "== free: tokens/s (median), x vllm (median of paired repeats) ==" in printed
+    assert "x off, paired" in printed and "outputs equal:" in printed
