@@ -156,6 +156,13 @@ def paired_ratios(by_arm: dict[str, dict]) -> None:
             for base in BASES
             if base in by_arm and base != arm
         }
+        # The first repeat alone: at a set's first level, the default drafter's figure with the
+        # least help from completions served before (`report`).
+        cell["x_first"] = {
+            base: cell["tokens_per_s_repeats"][0] / by_arm[base]["tokens_per_s_repeats"][0]
+            for base in BASES
+            if base in by_arm and base != arm
+        }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -229,6 +236,15 @@ def report(result: dict, levels: list[int]) -> str:
         if "specdec" in arms and "specdec_off" in arms:  # the load-aware budget: never below off
             cells = [f"{by_level[lv]['specdec']['x']['specdec_off']:.3f}x" for lv in levels]
             lines.append(f"{'x off, paired':<14}" + "".join(f"{c:>22}" for c in cells))
+            # A set's first cell (its first repeat, one stream): the default drafter's suffix
+            # cache has seen each completion once there (speculation off served it just before);
+            # later cells serve prompts it has seen many times.
+            cells = []
+            for lv in levels:
+                s = by_level[lv]["specdec"]
+                ratio = f" ({s['x_first']['vllm']:.2f}x)" if "vllm" in s["x_first"] else ""
+                cells.append(f"{s['tokens_per_s_repeats'][0]:.1f}{ratio}" if lv == levels[0] else "-")
+            lines.append(f"{'specdec, 1st':<14}" + "".join(f"{c:>22}" for c in cells))
         lines.append(f"{'latency ms':<14}" + "".join(f"{'ttft p50/p99 itl p50/p99':>30}" for _ in levels[:1]))
         for arm in arms:
             for lv in levels:

@@ -47,9 +47,10 @@ def test_the_server_comparison_runs_every_arm_and_compares_tokens(tiny_dir, tmp_
                 for base in {"vllm", "specdec_off"} - {arm}:
                     mine, theirs = cell["tokens_per_s_repeats"], by_arm[base]["tokens_per_s_repeats"]
                     assert cell["x"][base] == mine[0] / theirs[0], (level, arm, base)
+                    assert cell["x_first"][base] == mine[0] / theirs[0], (level, arm, base)
                 if arm != "transformers":  # a streamed arm has chunks to time between
                     assert cell["itl_p99_ms"] >= cell["itl_p50_ms"] > 0, (level, arm)
     assert result["config"]["commit"] and result["config"]["levels"] == [1, 2]
     printed = capsys.readouterr().out
     assert "== free: tokens/s (median), x vllm (median of paired repeats) ==" in printed
-    assert "x off, paired" in printed and "outputs equal:" in printed
+    assert "x off, paired" in printed and "specdec, 1st" in printed and "outputs equal:" in printed
