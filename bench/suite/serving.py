@@ -149,20 +149,15 @@ def paired_ratios(by_arm: dict[str, dict]) -> None:
     runs once per repeat at a cell, so repeat i of two arms ran minutes apart at most, and a busy
     neighbour slowing one repeat slows both sides of its ratio (a ratio of medians mixes repeats)."""
     for arm, cell in by_arm.items():
-        cell["x"] = {
-            base: statistics.median(
-                a / b for a, b in zip(cell["tokens_per_s_repeats"], by_arm[base]["tokens_per_s_repeats"])
-            )
+        ratios = {
+            base: [a / b for a, b in zip(cell["tokens_per_s_repeats"], by_arm[base]["tokens_per_s_repeats"])]
             for base in BASES
             if base in by_arm and base != arm
         }
+        cell["x"] = {base: statistics.median(r) for base, r in ratios.items()}
         # The first repeat alone: at a set's first level, the default drafter's figure with the
         # least help from completions served before (`report`).
-        cell["x_first"] = {
-            base: cell["tokens_per_s_repeats"][0] / by_arm[base]["tokens_per_s_repeats"][0]
-            for base in BASES
-            if base in by_arm and base != arm
-        }
+        cell["x_first"] = {base: r[0] for base, r in ratios.items()}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -239,11 +234,9 @@ def report(result: dict, levels: list[int]) -> str:
             # A set's first cell (its first repeat, one stream): the default drafter's suffix
             # cache has seen each completion once there (speculation off served it just before);
             # later cells serve prompts it has seen many times.
-            cells = []
-            for lv in levels:
-                s = by_level[lv]["specdec"]
-                ratio = f" ({s['x_first']['vllm']:.2f}x)" if "vllm" in s["x_first"] else ""
-                cells.append(f"{s['tokens_per_s_repeats'][0]:.1f}{ratio}" if lv == levels[0] else "-")
+            first = by_level[levels[0]]["specdec"]
+            ratio = f" ({first['x_first']['vllm']:.2f}x)" if "vllm" in first["x_first"] else ""
+            cells = [f"{first['tokens_per_s_repeats'][0]:.1f}{ratio}"] + ["-"] * (len(levels) - 1)
             lines.append(f"{'specdec, 1st':<14}" + "".join(f"{c:>22}" for c in cells))
         lines.append(f"{'latency ms':<14}" + "".join(f"{'ttft p50/p99 itl p50/p99':>30}" for _ in levels[:1]))
         for arm in arms:
