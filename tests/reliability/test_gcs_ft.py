@@ -64,6 +64,9 @@ TARGET_SEED = 1  # tests/reliability/conftest.py's target
 # How long the GCS stays down: the fault's length (a head pod takes longer; what matters is that
 # the streams run through it), then it is started again.
 DOWN_S = 5.0
+# Enough streams that the wave outlasts the outage with room to spare on a fast host (the test's
+# premise: streams still run when the GCS comes back); 48 streams of 224 tokens took 8.3 s
+# unfaulted on 2 cores, and the coordinator's --max-inflight below leaves room for them.
 REQUESTS = [
     pb.GenerateStreamRequest(
         prompt_token_ids=[*PROMPTS[i % len(PROMPTS)], 3 + i],
@@ -73,7 +76,7 @@ REQUESTS = [
         else common_pb2.SamplingParams(temperature=0.75, top_k=50, top_p=0.875, seed=100 + i),
         speculation=pb.SpeculationParams(max_draft_tokens=4),
     )
-    for i in range(16)
+    for i in range(48)
 ]
 # Asks the GCS, as a driver of its own, for the cluster ID and the live nodes.
 CLUSTER_STATE = """
@@ -138,7 +141,7 @@ class FtCluster:
         self.coordinator = Child(
             [sys.executable, "-m", "specdec.coordinator", "--draft", self.draft.address, "--target-pool", POOL,
              "--namespace", NAMESPACE, "--ray-join", self.gcs, "--host", "127.0.0.1", "--port", "0",
-             "--http-port", "0", "--metrics-port", "0", "--max-inflight", "32"],
+             "--http-port", "0", "--metrics-port", "0", "--max-inflight", "64"],
             self.env,
         )  # fmt: skip
         self.address = self.coordinator.line("coordinator listening on ").split()[3]
