@@ -11,11 +11,14 @@ The round picks the k in [0, k_max] with the most expected tokens per second: wh
 verify positions cost a share of a pass (a CPU), a low α drafts nothing and a high one drafts
 long; where they are nearly free (a GPU), even a low α drafts a few.
 
-The costs are the engine's, shared by its requests and learned online from every round: verify
-time per number of positions (the median of its last passes, so load on the target tier shows up
-within a few rounds and one stall does not), draft time per drafted token (what pipelining hid
-costs nothing; a model not measured yet costs a typical c). α is the request's own, an
-exponentially weighted count of accepted over tested draft positions.
+The costs are the engine's, shared by its requests and learned online from every round: the
+target pass's time by the positions it computed for all its rounds (the median of its last
+passes, so one stall does not move it), the trip to the target and back, draft time per drafted
+token (what pipelining hid costs nothing; a model not measured yet costs a typical c). Rounds of
+many requests share a pass, so a round among R prices k by the pass R rounds drafting alike would
+make, R (k + 1) positions (`CostModel.verify`): alone that is Leviathan et al.'s verify(k + 1);
+at load a draft costs every round in the pass, and only what is accepted often enough is bought.
+α is the request's own, an exponentially weighted count of accepted over tested draft positions.
 
 Lookups and model drafts are priced apart. A hybrid draft tier answers a round by prompt lookup
 where the context repeats (microseconds, often accepted) and with its model elsewhere (a model
@@ -40,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from specdec.core.acceptance import DraftProposal
+from specdec.core.acceptance import DraftProposal, PassCost
 from specdec.core.draft_source import is_lookup
 
 LOOKUP, MODEL = "lookup", "model"  # the two source classes: prompt lookups and draft models
@@ -57,49 +60,34 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-class CostModel:
-    """Seconds per round as the coordinator waits for them: verify(n positions), draft(k).
+class _Curve:
+    """Seconds by position count: the median of each count's last `window` samples; a count not
+    seen yet is interpolated between its nearest seen neighbours, or extrapolated from the nearest
+    one with `prior_slope` (the share of a one-position pass each extra position adds)."""
 
-    Verify time is kept per position count n (the median of its last `window` passes); a count not
-    seen yet is interpolated between its nearest seen neighbours, or extrapolated from the
-    nearest one with `prior_slope` (the share of a one-position pass each extra position adds: a
-    sizeable share on a CPU, next to none on a GPU) until rounds of that length have been measured.
-    """
+    def __init__(self, window: int, prior_slope: float):
+        self.window, self.prior_slope = window, prior_slope
+        self._samples: dict[int, deque[float]] = {}
+        self.seen: dict[int, float] = {}  # per position count: the median of its samples
 
-    def __init__(self, weight: float = 0.2, prior_slope: float = 0.1, window: int = 5, model_prior_c: float = 0.1):
-        self.weight = weight  # of the newest measurement in each draft cost's mean
-        self.prior_slope = prior_slope
-        self.model_prior_c = model_prior_c  # a draft model's cost per token, in one-position passes, until measured
-        self.window = window  # verify passes kept per position count
-        self._verify_samples: dict[int, deque[float]] = {}
-        self._verify: dict[int, float] = {}  # per position count: the median of its samples
-        self._draft_per_token: dict[str, float] = {}  # per source class
-
-    def observe_verify(self, positions: int, seconds: float) -> None:
-        """A verify pass's time. Each count's estimate is the median of its last `window` passes:
-        one stalled pass (a collection, a first-use kernel setup) among good ones moves it not at
-        all, load that lasts shows within a few rounds; with a mean, one stall could price a count
-        so high that k never goes there again, so nothing would measure it again."""
-        samples = self._verify_samples.setdefault(positions, deque(maxlen=self.window))
+    def observe(self, positions: int, seconds: float) -> None:
+        """Each count's estimate is the median of its last `window` samples: one stalled pass (a
+        collection, a first-use kernel setup) among good ones moves it not at all, load that
+        lasts shows within a few rounds; with a mean, one stall could price a count so high that
+        k never goes there again, so nothing would measure it again."""
+        samples = self._samples.setdefault(positions, deque(maxlen=self.window))
         samples.append(seconds)
-        self._verify[positions] = statistics.median(samples)
+        self.seen[positions] = statistics.median(samples)
 
-    def observe_draft(self, k: int, seconds: float, source: str = MODEL) -> None:
-        """A round's wait for k drafts from a source class (LOOKUP or MODEL)."""
-        if k > 0:
-            per_token = seconds / k
-            old = self._draft_per_token.get(source)
-            self._draft_per_token[source] = per_token if old is None else old + self.weight * (per_token - old)
-
-    def verify(self, positions: int) -> float:
-        """A pass over `positions`, never above a measured longer pass: a pass over more positions
-        never costs less, so where a longer one measured cheaper, the shorter one's estimate holds
-        a slow pass (timing noise is a stall, upwards), and noise must not buy a draft."""
-        longer = [seconds for n, seconds in self._verify.items() if n > positions]
+    def at(self, positions: int) -> float:
+        """Never above a measured longer count: more positions never cost less, so where a longer
+        one measured cheaper, the shorter one's estimate holds a slow pass (timing noise is a
+        stall, upwards), and noise must not buy a draft."""
+        longer = [seconds for n, seconds in self.seen.items() if n > positions]
         return min([self._interpolated(positions), *longer])
 
     def _interpolated(self, positions: int) -> float:
-        seen = self._verify
+        seen = self.seen
         if positions in seen:
             return seen[positions]
         if not seen:
@@ -112,6 +100,52 @@ class CostModel:
         nearest = max(below) if below else min(above)
         scale = (1.0 + self.prior_slope * (positions - 1)) / (1.0 + self.prior_slope * (nearest - 1))
         return seen[nearest] * scale
+
+
+class CostModel:
+    """Seconds per round as the coordinator waits for them: verify(n positions), draft(k).
+
+    A round's verify wait is the pass it joins plus the trip to the target and back. The pass is
+    priced by its own curve, seconds by the positions it computed for all its rounds, as the
+    target reports each pass (`PassCost`): a round planning k drafts among `rows` rounds prices
+    the pass they would make if every one drafted alike, rows x (k + 1) positions, plus the trip
+    (the median of recent waits less their pass). So k is the one that maximises the tokens all
+    those rounds commit per second of pass: alone, a pass over k + 1 positions; at load, drafts
+    that a pass of many rows makes dear are not bought, without a fixed budget to tune per device.
+    Until a target reports its passes, rounds are priced by their own waits per position count.
+    """
+
+    def __init__(self, weight: float = 0.2, prior_slope: float = 0.1, window: int = 5, model_prior_c: float = 0.1):
+        self.weight = weight  # of the newest measurement in each draft cost's mean
+        self.prior_slope = prior_slope
+        self.model_prior_c = model_prior_c  # a draft model's cost per token, in one-position passes, until measured
+        self.window = window  # verify passes kept per position count
+        self._rounds = _Curve(window, prior_slope)  # a round's whole verify wait, by its own positions
+        self._passes = _Curve(window, prior_slope)  # a target pass, by the positions of all its rounds
+        self._trips: deque[float] = deque(maxlen=4 * window)  # a round's wait less its pass
+        self._draft_per_token: dict[str, float] = {}  # per source class
+
+    def observe_verify(self, positions: int, seconds: float, cost: PassCost | None = None) -> None:
+        """A round's verify wait over its `positions` (k + 1), and the pass that decided it."""
+        self._rounds.observe(positions, seconds)
+        if cost is not None:
+            self._passes.observe(cost.positions, cost.seconds)
+            if not cost.ahead:  # a round answered by a pass run before it was sent waited for none
+                self._trips.append(max(0.0, seconds - cost.seconds))
+
+    def observe_draft(self, k: int, seconds: float, source: str = MODEL) -> None:
+        """A round's wait for k drafts from a source class (LOOKUP or MODEL)."""
+        if k > 0:
+            per_token = seconds / k
+            old = self._draft_per_token.get(source)
+            self._draft_per_token[source] = per_token if old is None else old + self.weight * (per_token - old)
+
+    def verify(self, positions: int, rows: int = 1) -> float:
+        """A round over `positions` (k + 1) in a pass of `rows` rounds that draft alike."""
+        if not self._passes.seen:
+            return self._rounds.at(positions)
+        trip = statistics.median(self._trips) if self._trips else 0.0
+        return trip + self._passes.at(rows * positions)
 
     def draft(self, k: int, source: str = MODEL) -> float:
         per_token = self._draft_per_token.get(source)
@@ -163,11 +197,12 @@ class Plan(NamedTuple):
     model_k: int | None  # the most a draft model may propose, when below k; None: k
 
 
-def plan(acceptance: SourcedAcceptance, costs: CostModel, k_max: int, seen: set[str]) -> Plan:
+def plan(acceptance: SourcedAcceptance, costs: CostModel, k_max: int, seen: set[str], rows: int = 1) -> Plan:
     """The round's k from the source classes the draft tier has answered with so far (`seen`):
-    one class, its own best k; both (a hybrid), the lookup's best k with the model's as its cap."""
-    k_lookup = best_k(acceptance.alpha(LOOKUP), costs, k_max, LOOKUP)
-    k_model = best_k(acceptance.alpha(MODEL), costs, k_max, MODEL)
+    one class, its own best k; both (a hybrid), the lookup's best k with the model's as its cap.
+    `rows`: the rounds its pass is expected to carry."""
+    k_lookup = best_k(acceptance.alpha(LOOKUP), costs, k_max, LOOKUP, rows)
+    k_model = best_k(acceptance.alpha(MODEL), costs, k_max, MODEL, rows)
     if seen == {LOOKUP}:
         return Plan(k_lookup, None)
     if seen != {LOOKUP, MODEL}:
@@ -176,11 +211,12 @@ def plan(acceptance: SourcedAcceptance, costs: CostModel, k_max: int, seen: set[
     return Plan(k, k_model if k_model < k else None)
 
 
-def best_k(alpha: float, costs: CostModel, k_max: int, source: str = MODEL) -> int:
-    """The k in [0, k_max] with the most expected tokens per second of round."""
+def best_k(alpha: float, costs: CostModel, k_max: int, source: str = MODEL, rows: int = 1) -> int:
+    """The k in [0, k_max] with the most expected tokens per second of round, in a pass of `rows`
+    rounds that draft alike."""
     best, best_rate = 0, 0.0
     for k in range(k_max + 1):
-        rate = expected_tokens(alpha, k) / (costs.draft(k, source) + costs.verify(k + 1))
+        rate = expected_tokens(alpha, k) / (costs.draft(k, source) + costs.verify(k + 1, rows))
         if rate > best_rate * 1.001:  # a near tie goes to the shorter draft: less waste on a miss
             best, best_rate = k, rate
     return best
@@ -225,6 +261,7 @@ class DraftLengthPolicy:
         self.acceptance = SourcedAcceptance()
         self.fixed = not settings.adaptive  # a sampled model draft fixes k too: seeded outputs then depend on k only
         self.rounds = 0
+        self.rows = 1  # rounds in the pass that decided its last round: the load its next one meets
         # A draft model called after rounds it did not draft (the first one included) is also fed
         # every token committed since: that catch-up is not a drafted token's cost, so a model
         # round's draft time is measured only right after another model round.
@@ -243,7 +280,7 @@ class DraftLengthPolicy:
         if share <= 0:
             return RoundPlan(0, None, "load")
         limit = min(cap, share)
-        chosen = plan(self.acceptance, self.costs, limit, self.sources)
+        chosen = plan(self.acceptance, self.costs, limit, self.sources, self.rows)
         self._since_probe = 0 if chosen.k > 0 else self._since_probe + 1
         if chosen.k == 0 and self._since_probe >= cfg.probe_every:
             self._since_probe = 0
@@ -275,11 +312,15 @@ class DraftLengthPolicy:
         accepted: int,
         draft_s: float,
         verify_s: float,
+        cost: PassCost | None = None,
     ) -> None:
-        """What the round cost and how much of it the target accepted."""
+        """What the round cost (`cost`: the pass that decided it, when the target reports it)
+        and how much of it the target accepted."""
         drafted = len(proposal.token_ids)
         if self.rounds:  # the first round's verify includes the prompt's prefill: not a round's cost
-            self.costs.observe_verify(drafted + 1, verify_s)
+            self.costs.observe_verify(drafted + 1, verify_s, cost)
+        if cost is not None:
+            self.rows = cost.rows
         self.rounds += 1
         source = source_class(proposal.source)
         answered = planned.k > 0 and not fallback and (drafted > 0 or proposal.source != "")

@@ -99,15 +99,14 @@ class EngineConfig:
         "with more requests generating than this, rounds run without drafts (target saturated); 0: never",
         type="nonnegative_int",
     )
-    # Load awareness, gradual: the target positions one batched pass should verify for all
-    # generating requests together; each request drafts at most budget // running - 1 tokens, so
-    # drafts shrink as load grows and stop when every request's share is one position (on a CPU,
-    # a pass costs about linearly in its positions beyond a few; a GPU affords a far larger budget).
-    # 0: no budget; -1 (AUTO, the flag's default): `connect_engine` picks it from the target tier's device.
+    # Load awareness is the draft-length policy's: it prices a round's drafts by the pass they
+    # would make for every round in it (adaptive.py). This is a hard cap besides: the target
+    # positions one batched pass may verify for all generating requests together; each request
+    # drafts at most budget // running - 1 tokens. 0: none; -1 (AUTO, the flag's default): none.
     speculation_token_budget: int = setting(
         0,
         "target positions per batched pass shared by the generating requests: each drafts at most "
-        "budget / running - 1 tokens; 0: no budget; auto: 16 on a CPU target, none on a GPU",
+        "budget / running - 1 tokens; 0 or auto: no cap (drafts are priced by the pass they make)",
         type="nonnegative_int_or_auto",
         cli_default="auto",
     )
@@ -284,7 +283,9 @@ class SpeculativeEngine:
                 source=proposal.source if proposal.token_ids else "",
                 tree=proposal.parents is not None and not is_chain(proposal.parents),
             )  # fmt: skip
-        g.policy.observe(planned, proposal, fallback, result.num_accepted, draft_s=t1 - t0, verify_s=t2 - t1)
+        g.policy.observe(
+            planned, proposal, fallback, result.num_accepted, draft_s=t1 - t0, verify_s=t2 - t1, cost=result.cost
+        )
         g.stats.record(len(proposal.token_ids), result.num_accepted)
         g.stats.draft_wait_s += t1 - t0
         g.stats.verify_wait_s += t2 - t1

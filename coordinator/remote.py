@@ -50,16 +50,7 @@ async def connect_engine(
         tokenizer, frozenset(info["eos_token_ids"]), info["vocab_size"], info["max_context"], info["model"]
     )
     if config.speculation_token_budget == AUTO:
-        config = replace(config, speculation_token_budget=auto_token_budget(info.get("device", "cpu")))
+        # No fixed budget on any device: the draft-length policy prices a round's drafts by the
+        # pass they would make for all its rounds, from the passes the target reports.
+        config = replace(config, speculation_token_budget=0)
     return SpeculativeEngine(draft, pool, target, config, tracer)
-
-
-# Target positions per pass on a CPU target: a pass over n positions costs about n single steps
-# beyond a few (the 262144 x 640 output projection turns compute-bound), so more than about 16
-# across the batch buys nothing (bench/README.md, concurrency). An accelerator is memory-bound far
-# beyond that: no budget there until one is measured.
-CPU_TOKEN_BUDGET = 16
-
-
-def auto_token_budget(device: str) -> int:
-    return CPU_TOKEN_BUDGET if device.startswith("cpu") else 0

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import ray
 import torch
@@ -238,6 +238,9 @@ class TargetActor:
         if reply is None or reply.verification is None:
             span.end()
             return None
+        cost = reply.verification.cost
+        if cost is not None:  # the pass ran before the round came: its wait is not a round's
+            reply.verification.cost = replace(cost, ahead=True)
         span.set_attributes({"specdec.k": 0, "specdec.lookahead": True, "specdec.context_tokens": len(ahead.tokens)})
         span.end()
         metrics.VERIFY_ROUNDS.inc()

@@ -7,8 +7,8 @@ token into round r+1 (transport, commit, streaming: the model would sit idle), t
 runs round r+1 as a round of its own. When the coordinator's round r+1 arrives and is that round
 (same held prefix, same new token, no drafts, same sampling), it takes the result, or waits for
 the pass computing it; any other round drops the look-ahead. Only one round is run ahead of the
-coordinator, and only for a session whose last two rounds had no drafts (speculation off, or a
-saturated token budget): a round with drafts that found a look-ahead in its way would wait a
+coordinator, and only for a session whose last two rounds had no drafts (speculation off, or
+drafts the load prices out): a round with drafts that found a look-ahead in its way would wait a
 whole pass for it.
 
 The result is the one target-only decoding gives: the look-ahead is an ordinary round of the

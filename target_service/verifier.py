@@ -17,12 +17,14 @@ rows are read back in one host sync: a sync per row would stall the device once 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
 
 from specdec.core.acceptance import (
     DraftProposal,
+    PassCost,
     Verification,
     greedy_decisions,
     resolve_greedy,
@@ -112,7 +114,13 @@ class TargetVerifier:
             for i, error in plan.rejected.items():
                 results[i] = error
             if plan.rows:
+                started = time.perf_counter()
                 self._decide(items, plan.deciding, self._forward(plan, items), results)
+                # A pass of whole rounds only is what a round costs; a prefill chunk in it is not.
+                if all(r.decides and len(r.row.tokens) == r.row.keep for r in plan.rows):
+                    cost = PassCost(len(plan.rows), plan.tokens, time.perf_counter() - started)
+                    for scheduled in plan.rows:
+                        results[scheduled.item].cost = cost
         return results
 
     @torch.inference_mode()

@@ -21,7 +21,7 @@ engine fall back to k = 0 mid-request unseen).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,12 +42,27 @@ class DraftProposal:
     parents: list[int] | None = None
 
 
+@dataclass(frozen=True)
+class PassCost:
+    """What the forward pass that decided a round carried and took. Rounds of many requests share
+    a pass, so a round's drafts cost every round in it: the draft-length policy prices k by the
+    pass it would make (coordinator/adaptive.py)."""
+
+    rows: int  # rounds the pass decided
+    positions: int  # target positions it computed: each row's k + 1
+    seconds: float  # its wall time, forward and acceptance
+    ahead: bool = False  # run before its round was sent (target_service/lookahead.py): no wait was seen
+
+
 @dataclass
 class Verification:
     accepted_ids: list[int]  # num_accepted draft tokens, then the target's own token (1..k+1 in all)
     num_accepted: int  # draft tokens accepted, 0..k
     bonus_token: int  # the target's own last token: the correction at a rejection, or the bonus
     path: list[int] | None = None  # for a tree: the accepted nodes' indices, root to leaf
+    # The pass that decided it (None when the pass also prefilled: not a round's cost). Not part
+    # of the decision: equal verifications decide the same tokens whatever their passes took.
+    cost: PassCost | None = field(default=None, compare=False)
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_ids: list[int]) -> Verification:

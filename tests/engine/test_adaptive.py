@@ -22,7 +22,7 @@ from specdec.coordinator.adaptive import (
     plan,
 )
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
-from specdec.core.acceptance import DraftProposal
+from specdec.core.acceptance import DraftProposal, PassCost
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.local.in_process import LocalModelProposer, LocalVerifier
 from specdec.target_service.verifier import TargetVerifier
@@ -162,9 +162,14 @@ class CountingVerifier(LocalVerifier):
         self.positions: list[int] = []
 
     async def verify(self, session_id, tokens, proposal, sampling):
-        self.positions.append(len(proposal.token_ids) + 1)
-        self.clock.advance(self.base_s + self.per_position_s * len(proposal.token_ids))
-        return await super().verify(session_id, tokens, proposal, sampling)
+        positions = len(proposal.token_ids) + 1
+        self.positions.append(positions)
+        seconds = self.base_s + self.per_position_s * len(proposal.token_ids)
+        self.clock.advance(seconds)
+        result = await super().verify(session_id, tokens, proposal, sampling)
+        if result.cost is not None:  # the pass on the fake clock, not the tiny model's real one
+            result.cost = PassCost(1, positions, seconds)
+        return result
 
 
 class WrongDrafter:

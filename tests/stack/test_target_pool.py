@@ -416,3 +416,29 @@ def test_the_keeper_creates_missing_actors_again(tiny_dir, pool_factory):
         stop.set()
         keeper.join(30)
         pool.refresh()  # the fixture removes what the pool names: both actors now
+
+
+def test_rounds_come_back_with_the_pass_that_decided_them(pool_factory):
+    """The pass cost the draft-length policy prices rounds by crosses Ray with each round: a
+    prefill's pass is no round's cost; decode rounds sharing a pass all report it whole."""
+    pool = pool_factory()
+    drafts = {"c0": [], "c1": [7], "c2": [7, 8], "c3": [7, 8, 9]}
+
+    async def scenario():
+        prompts = {s: PROMPTS[i] for i, s in enumerate(drafts)}
+        first = await asyncio.gather(
+            *(pool.verify(s, p, DraftProposal([]), SamplingParams()) for s, p in prompts.items())
+        )
+        assert all(result.cost is None for result in first)  # each pass prefilled
+        grown = {s: p + result.accepted_ids for (s, p), result in zip(prompts.items(), first)}
+        return await asyncio.gather(
+            *(pool.verify(s, grown[s], DraftProposal(drafts[s]), SamplingParams()) for s in drafts)
+        )
+
+    results = asyncio.run(scenario())
+    passes: dict = {}
+    for session, result in zip(drafts, results):
+        assert result.cost is not None and result.cost.seconds > 0 and not result.cost.ahead, result
+        passes.setdefault(result.cost, []).append(len(drafts[session]) + 1)
+    # However the actor batched them, each pass counts its own rounds and their k + 1 positions.
+    assert all(cost.rows == len(own) and cost.positions == sum(own) for cost, own in passes.items()), passes

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
-from specdec.coordinator.adaptive import LOOKUP, MODEL, CostModel, DraftLengthPolicy, RoundPlan
-from specdec.core.acceptance import DraftProposal
+from specdec.coordinator.adaptive import LOOKUP, MODEL, Acceptance, CostModel, DraftLengthPolicy, RoundPlan
+from specdec.core.acceptance import DraftProposal, PassCost
 
 
 @dataclass
@@ -89,3 +90,48 @@ def test_a_sampled_model_draft_fixes_k():
     q = torch.full((planned.k, 8), 1 / 8)
     policy.observe(planned, DraftProposal([1] * planned.k, q, "model"), False, 0, draft_s=0.0, verify_s=0.1)
     assert policy.plan(6, 1) == (6, None, "fixed")  # seeded outputs then depend on k only
+
+
+def cpu_pass_s(positions: int) -> float:
+    """A CPU-like target pass: 20 ms, and 1.5 ms more a position (the latest profile's shape)."""
+    return 0.02 + 0.0015 * positions
+
+
+def measured_passes(trip_s: float = 0.004) -> CostModel:
+    model = CostModel()
+    for positions in range(1, 160):
+        model.observe_verify(1, cpu_pass_s(positions) + trip_s, PassCost(1, positions, cpu_pass_s(positions)))
+    return model
+
+
+def test_a_pass_carrying_many_rounds_prices_their_drafts_together():
+    model = measured_passes()
+    # The trip (wait less pass) is 4 ms; a round of k + 1 positions among 16 alike makes 16 (k + 1).
+    assert model.verify(3, rows=16) == pytest.approx(0.004 + cpu_pass_s(48))
+    assert model.verify(3) == pytest.approx(0.004 + cpu_pass_s(3))
+    # Rounds answered by a pass run ahead of them waited less than the pass: no trip to learn.
+    for _ in range(100):
+        model.observe_verify(1, 0.0, PassCost(16, 16, cpu_pass_s(16), ahead=True))
+    assert model.verify(1) == pytest.approx(0.004 + cpu_pass_s(1))
+
+
+def test_drafts_shrink_as_the_pass_fills_and_come_back_when_it_empties():
+    policy = DraftLengthPolicy(Settings(), measured_passes(), set(), greedy=True)
+    policy.acceptance.by_class[LOOKUP] = Acceptance(accepted=8.0, tested=10.0)  # alpha 0.8
+    policy.sources.add(LOOKUP)
+    # Alone, a pass is mostly its fixed cost: drafts are nearly free. Among 16 rounds drafting
+    # alike, each draft adds 16 positions at 1.5 ms: k = 2 has the most tokens per second.
+    assert policy.plan(8, 1).k >= 7
+    policy.rows = 16
+    assert policy.plan(8, 16).k == 2
+    policy.rows = 1
+    assert policy.plan(8, 1).k >= 7
+
+
+def test_at_load_the_prior_alpha_drafts_nothing():
+    costs_ = CostModel()
+    for positions in range(16, 160, 16):
+        costs_.observe_verify(1, cpu_pass_s(positions), PassCost(16, positions, cpu_pass_s(positions)))
+    policy = DraftLengthPolicy(Settings(), costs_, set(), greedy=True)
+    policy.rows = 16
+    assert policy.plan(8, 16).k == 0  # alpha 0.5: a draft costs 16 positions for 0.5 of a token each
