@@ -82,6 +82,7 @@ class Call:
     capture: bool = False  # the operator asked for prompts and completions in the span
     prompt: str = ""
     completion: list[str] = field(default_factory=list)
+    delivered: bool = False  # the final delta went out: the client has its whole answer
 
     def add(self, delta: Delta) -> None:
         self.completion_tokens += len(delta.token_ids)
@@ -187,7 +188,11 @@ class Calls:
             ) as server_span:
                 call.trace_id = trace_id(server_span)
                 try:
-                    await _bounded(asyncio.create_task(self._consume(request, on_delta, call)), timeout_s)
+                    await _bounded(
+                        asyncio.create_task(self._consume(request, on_delta, call)),
+                        timeout_s,
+                        lambda: call.delivered,
+                    )
                     call.code = grpc.StatusCode.OK
                 except CallEnded:
                     call.code = grpc.StatusCode.CANCELLED  # the client left while we wrote
@@ -236,6 +241,7 @@ class Calls:
                     self._count(delta)
                     call.add(delta)
                     await on_delta(delta, call.trace_id)
+                    call.delivered = delta.finish_reason is not None
         finally:
             if waiting:
                 metrics.REQUESTS_WAITING.dec()
@@ -247,7 +253,7 @@ class Calls:
             self.stats.accepted_tokens += delta.stats.accepted_tokens
 
 
-async def _bounded(task: asyncio.Task, timeout_s: float | None) -> None:
+async def _bounded(task: asyncio.Task, timeout_s: float | None, delivered: Callable[[], bool]) -> None:
     """Wait for `task` (one call's engine) at most `timeout_s`. Whatever ends the wait early (the
     deadline, or this handler being cancelled) cancels the task once and waits for it to finish.
 
@@ -255,17 +261,37 @@ async def _bounded(task: asyncio.Task, timeout_s: float | None) -> None:
     request's sessions on both tiers, and a second cancellation during those awaits would leave
     them behind until their TTL. At a deadline grpc cancels the handler at about the moment our own
     timeout fires (measured: run in the handler's task, sessions were left within a few dozen calls).
+
+    The deadline bounds the generation: once every token was delivered (`delivered()`, the final
+    delta went out), the client has its answer, and a deadline passing while the sessions end
+    fails nothing; the task finishes its cleanup uncut.
     """
     try:
         await asyncio.wait_for(asyncio.shield(task), timeout_s)
-    except (TimeoutError, asyncio.CancelledError):
-        task.cancel()
-        while not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                pass  # the handler was cancelled (again) or the task ended cancelled: loop until done
+        return
+    except TimeoutError:
+        if not delivered():
+            await _cancel_and_wait(task)
+            raise
+    except asyncio.CancelledError:
+        await _cancel_and_wait(task)
         raise
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:  # the handler was cancelled meanwhile: the cleanup still runs out
+        await _cancel_and_wait(task)
+        raise
+
+
+async def _cancel_and_wait(task: asyncio.Task) -> None:
+    task.cancel()
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            pass  # the handler was cancelled (again) or the task ended cancelled: loop until done
+        except Exception:
+            pass  # the task's own failure: the caller raises what ended the wait
 
 
 def trace_id(span: trace.Span) -> str:
