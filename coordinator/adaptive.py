@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 from specdec.core.acceptance import DraftProposal, PassCost
@@ -123,13 +123,18 @@ class CostModel:
         self._rounds = _Curve(window, prior_slope)  # a round's whole verify wait, by its own positions
         self._passes = _Curve(window, prior_slope)  # a target pass, by the positions of all its rounds
         self._trips: deque[float] = deque(maxlen=4 * window)  # a round's wait less its pass
+        self._recent_passes: deque[PassCost] = deque(maxlen=8)  # passes counted already (each of its rounds reports it)
         self._draft_per_token: dict[str, float] = {}  # per source class
 
     def observe_verify(self, positions: int, seconds: float, cost: PassCost | None = None) -> None:
         """A round's verify wait over its `positions` (k + 1), and the pass that decided it."""
         self._rounds.observe(positions, seconds)
         if cost is not None:
-            self._passes.observe(cost.positions, cost.seconds)
+            # A pass of R rounds comes back R times: counted once, so one stalled pass is one
+            # sample of the median, not a window of them.
+            if replace(cost, ahead=False) not in self._recent_passes:
+                self._recent_passes.append(replace(cost, ahead=False))
+                self._passes.observe(cost.positions, cost.seconds)
             if not cost.ahead:  # a round answered by a pass run before it was sent waited for none
                 self._trips.append(max(0.0, seconds - cost.seconds))
 

@@ -135,3 +135,13 @@ def test_at_load_the_prior_alpha_drafts_nothing():
     policy = DraftLengthPolicy(Settings(), costs_, set(), greedy=True)
     policy.rows = 16
     assert policy.plan(8, 16).k == 0  # alpha 0.5: a draft costs 16 positions for 0.5 of a token each
+
+
+def test_a_pass_is_one_sample_however_many_of_its_rounds_report_it():
+    model = measured_passes()
+    for jitter in (0.0001, 0.0002):  # two more passes over 48 positions
+        model.observe_verify(3, cpu_pass_s(48) + jitter, PassCost(16, 48, cpu_pass_s(48) + jitter))
+    stalled = PassCost(16, 48, 10 * cpu_pass_s(48))
+    for _ in range(16):  # its 16 rounds each bring it back
+        model.observe_verify(3, stalled.seconds, stalled)
+    assert model.verify(3, rows=16) < 2 * cpu_pass_s(48)  # the median of 4 passes, one of them stalled
