@@ -44,6 +44,7 @@ class StackConfig:
         "the target actors' decode-shaped passes through torch.compile: inductor, or cudagraphs (GPU only)",
         choices=COMPILE_MODES,
     )
+    max_batch: int = setting(32, "rounds one target pass verifies at most", type="positive_int")
     ray_redis: str | None = setting(
         None,
         "a Redis for the local Ray head's GCS: GCS fault tolerance, a restarted GCS recovers the "
@@ -121,6 +122,7 @@ class LocalStack:
             cpus=max(1, cpus // c.target_replicas),
             kv_cache_bytes=c.kv_cache_bytes,
             compile=c.compile,
+            max_batch=c.max_batch,
             metrics_port=0,
             trace_file=c.trace_file,
         )
