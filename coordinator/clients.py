@@ -165,8 +165,15 @@ class DraftClient:
 
     async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
         """Best effort: a replica we cannot reach drops the session by TTL or LRU anyway, and a
-        finished generation must not fail on its cleanup. `completion` feeds a suffix cache."""
+        finished generation must not fail on its cleanup. `completion` feeds a suffix cache: a
+        request that never drafted (speculation off, or priced out by load) still teaches it
+        what was generated, at the replica its drafts would have gone to."""
         sent = self._sessions.pop(session_id, None)
+        if sent is None and completion:
+            try:
+                sent = _Sent(await self._replica(session_id), [])
+            except OSError:  # the tier's name resolves to nothing yet: no replica to teach
+                return
         if sent is None or sent.address not in self._channels:
             return
         try:

@@ -111,6 +111,26 @@ def test_a_suffix_replica_learns_completions_from_end_session_and_drafts_them_fo
     assert len(core.store) == 0
 
 
+def test_requests_that_never_drafted_still_teach_the_suffix_replica(tiny):
+    """Speculation off sends no Propose, so no replica holds the session; its completion still
+    goes to the replica its drafts would have used, where a later request drafts from it."""
+    target = tiny("llama", TARGET_SEED)
+
+    async def check():
+        async with serving(None, suffix=SuffixConfig()) as (server, client):
+            engine = _engine(client, target)
+            off = replace(_request(), speculate=False)
+            plain = await engine.generate(off)
+            learned = server.core.suffix.stats.learned
+            again = await engine.generate(_request())
+            return plain, learned, again, server.core
+
+    plain, learned, again, core = run(check())
+    assert plain.stats.draft_tokens == 0 and learned == 1  # taught without a single Propose
+    assert again.token_ids == plain.token_ids and again.stats.accepted_tokens > 0
+    assert core.suffix.stats.from_cache > 0  # the second request drafted from the first's completion
+
+
 def test_a_suffix_replica_answers_a_tree_over_grpc_and_the_engine_verifies_it(tiny):
     """Over a real gRPC server: a Propose with `tree` set gets a tree (parent_indices, one per
     token, parents first) where completions branch, without it a chain; an engine with token trees
