@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
@@ -137,6 +138,14 @@ class CostModel:
                 self._passes.observe(cost.positions, cost.seconds)
             if not cost.ahead:  # a round answered by a pass run before it was sent waited for none
                 self._trips.append(max(0.0, seconds - cost.seconds))
+
+    def seed_passes(self, profile: Mapping[int, float]) -> None:
+        """Pass seconds by positions, as the target timed them before serving
+        (`TargetVerifier.profile_passes`): until rounds measure a length, the prior slope would
+        price it, far above a CPU's nearly flat cost of the first few positions, and drafts would
+        grow one position per probe. Measured passes replace these within a window."""
+        for positions, seconds in profile.items():
+            self._passes.observe(int(positions), seconds)
 
     def observe_draft(self, k: int, seconds: float, source: str = MODEL) -> None:
         """A round's wait for k drafts from a source class (LOOKUP or MODEL)."""

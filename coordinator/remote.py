@@ -53,4 +53,6 @@ async def connect_engine(
         # No fixed budget on any device: the draft-length policy prices a round's drafts by the
         # pass they would make for all its rounds, from the passes the target reports.
         config = replace(config, speculation_token_budget=0)
-    return SpeculativeEngine(draft, pool, target, config, tracer)
+    engine = SpeculativeEngine(draft, pool, target, config, tracer)
+    engine.costs.seed_passes(info.get("pass_seconds") or {})
+    return engine

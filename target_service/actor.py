@@ -117,6 +117,8 @@ class TargetActor:
         self.verifier = TargetVerifier(
             self.loaded, store, config.kv_cache_bytes, config.max_pass_tokens, compile_mode=config.compile
         )
+        # Passes timed before any round, for the coordinators' draft-length policy (`info`).
+        self.pass_seconds = self.verifier.profile_passes()
         self._queue: list[_Round] = []
         self._running = 0  # rounds in the pass now running
         # Every pass runs on this one thread: torch's OpenMP team belongs to the thread that
@@ -184,6 +186,7 @@ class TargetActor:
             "batch_sizes": list(self.batch_sizes),
             "lookahead_hits": self.lookahead_hits,
             "metrics_address": self.metrics.address,
+            "pass_seconds": self.pass_seconds,
         }
 
     def load(self) -> dict:

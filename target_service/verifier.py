@@ -17,6 +17,7 @@ rows are read back in one host sync: a sync per row would stall the device once 
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -49,6 +50,10 @@ from specdec.target_service.scheduler import (
     Scheduler,
     VerifyItem,
 )
+
+# Pass lengths the verifier profiles before serving (`profile_passes`): one request's rounds up to
+# 16 positions, then batches of them.
+PROFILED_POSITIONS = (1, 2, 3, 5, 9, 17, 32, 64, 128)
 
 # The verifier's interface: callers build VerifyItems and meet ItemRejected in step's results.
 __all__ = ["DEFAULT_PASS_TOKENS", "ItemRejected", "TargetVerifier", "VerifyItem"]
@@ -137,6 +142,52 @@ class TargetVerifier:
 
     def end_session(self, session_id: str) -> None:
         self.sessions.pop(session_id, None)
+
+    @torch.inference_mode()
+    def profile_passes(
+        self, positions: Sequence[int] = PROFILED_POSITIONS, context: int = 32, repeats: int = 3
+    ) -> dict[int, float]:
+        """Seconds of a decode-shaped pass by the positions it computes (the median of `repeats`),
+        measured before any round: the coordinator's draft-length policy starts from them rather
+        than from a guessed slope, which on a CPU would price drafts far above their cost until
+        rounds of every length had measured it (`CostModel.seed_passes`). Up to 16 positions are
+        one row (one request's k + 1), more are rows of 16 (many requests' rounds in one pass);
+        rows attend to a `context`-token prefix of their own. Blocks are returned at the end."""
+        pool = self.pool
+        seconds: dict[int, float] = {}
+        for total in positions:
+            lengths = [16] * (total // 16) + ([total % 16] if total % 16 else [])
+            if sum(lengths) + len(lengths) * context > pool.capacity_tokens // 2:
+                break  # a small pool (tests): profile what fits, the policy extrapolates the rest
+            sessions = [PagedSession() for _ in lengths]
+            try:
+                for session in sessions:  # prefixes with real keys and values
+                    pool.extend(session, [0] * context)
+                self._hidden_and_argmax([Row(session.table, session.tokens, 1) for session in sessions])
+                samples = []
+                for _ in range(repeats):
+                    for session, n in zip(sessions, lengths):
+                        pool.extend(session, [0] * n)
+                    rows = [Row(session.table, [0] * n, n) for session, n in zip(sessions, lengths)]
+                    started = time.perf_counter()
+                    self._hidden_and_argmax(rows)
+                    samples.append(time.perf_counter() - started)
+                    for session in sessions:
+                        pool.cut(session, context)
+                seconds[total] = statistics.median(samples)
+            finally:
+                for session in sessions:
+                    pool.release(session.table)
+        return seconds
+
+    def _hidden_and_argmax(self, rows: list[Row]) -> None:
+        """The pass a greedy round runs, over `rows`, its result dropped."""
+        model = self.loaded.model
+        if self.greedy_head is None:
+            ragged_forward(model, self.pool, rows, self.decoder).argmax(-1).tolist()
+            return
+        hidden = ragged_hidden(model, self.pool, rows, self.decoder)
+        self.greedy_head.argmax(hidden, lambda h: head_logits(model, h)).tolist()
 
     def _forward(self, plan: PassPlan, items: Sequence[VerifyItem]) -> torch.Tensor:
         """The pass: the logits of the kept positions, (kept, vocab), or, when every deciding row

@@ -130,7 +130,10 @@ def build_engine(
     else:
         drafter = ModelDrafter(draft, min_confidence=min_confidence)
         proposer = LocalModelProposer(HybridDrafter(drafter, suffix=lookup) if hybrid else drafter)
-    return SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target, compile_mode=compile_mode)), target, config)
+    verifier = TargetVerifier(target, compile_mode=compile_mode)
+    engine = SpeculativeEngine(proposer, LocalVerifier(verifier), target, config)
+    engine.costs.seed_passes(verifier.profile_passes())
+    return engine
 
 
 def load_pair(target_model: str | None, draft_model: str | None) -> tuple[LoadedModel, LoadedModel | None]:

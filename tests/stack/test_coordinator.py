@@ -372,3 +372,17 @@ def test_an_auto_token_budget_leaves_drafts_to_the_pass_cost(stack):
 
     assert stack.loop.run(budget(AUTO)) == 0  # no cap: the policy prices drafts by the pass they make
     assert stack.loop.run(budget(40)) == 40  # a set value stays
+
+
+def test_the_engine_starts_from_the_passes_the_target_timed(stack):
+    """The actor times decode-shaped passes before serving; the coordinator's cost model starts
+    from them, so the first rounds are priced by the device, not by a guessed slope."""
+    timed = ray.get(stack.actor.info.remote())["pass_seconds"]
+    assert timed and all(seconds > 0 for seconds in timed.values()) and 1 in timed
+
+    async def engine():
+        return await connect_engine(stack.clients[0], stack.pool, None, EngineConfig())
+
+    costs = stack.loop.run(engine()).costs
+    # One row, no trip yet; a pass never priced above a longer one that timed cheaper.
+    assert all(costs.verify(n) == pytest.approx(min(s for m, s in timed.items() if m >= n)) for n in timed)

@@ -145,3 +145,22 @@ def test_a_pass_is_one_sample_however_many_of_its_rounds_report_it():
     for _ in range(16):  # its 16 rounds each bring it back
         model.observe_verify(3, stalled.seconds, stalled)
     assert model.verify(3, rows=16) < 2 * cpu_pass_s(48)  # the median of 4 passes, one of them stalled
+
+
+def test_passes_timed_before_serving_let_the_first_rounds_draft_long():
+    """A CPU pass costs nearly the same from 1 to 9 positions: priced by the prior slope instead,
+    the first requests draft short and lengthen by one position per probe."""
+    timed = {1: 0.0226, 2: 0.0228, 3: 0.0243, 5: 0.0239, 9: 0.0265, 17: 0.0335, 32: 0.048}  # this CPU's
+    seeded = CostModel()
+    seeded.seed_passes(timed)
+    # A lookup drafter (the default suffix decoding), alpha still the prior 0.5.
+    k_seeded = DraftLengthPolicy(Settings(), seeded, {LOOKUP}, greedy=True).plan(8, 1).k
+    k_guessed = DraftLengthPolicy(Settings(), costs_after_one_round(), {LOOKUP}, greedy=True).plan(8, 1).k
+    assert k_seeded >= 4 and k_guessed <= 2, (k_seeded, k_guessed)
+
+
+def costs_after_one_round() -> CostModel:
+    """What an unseeded model knows after one measured round of 3 positions on that CPU."""
+    model = CostModel()
+    model.observe_verify(3, 0.0243, PassCost(1, 3, 0.0243))
+    return model
