@@ -15,10 +15,12 @@ neighbour slows all alike; each figure is the median over repeats, each ratio (x
 default over speculation off) the median of the repeats' paired ratios. With m prompts, each of N
 streams runs max(1, m // N) requests back to back, stream i starting at prompt i. Per level:
 tokens/s (all tokens over the wave's wall time), time to first token and inter-token latency
-(the gaps between streamed chunks; a speculative chunk may hold several tokens) at p50 / p99
-over the repeats' requests. Every output is compared token for token with the first
-`specdec_off` output of its prompt (both servers return token ids: `return_token_ids`); a run with
-any difference exits with status 1.
+(the gaps between streamed chunks; a speculative chunk may hold several tokens) and time per
+output token (a request's time after its first chunk over the tokens after it) at p50 / p99
+over the repeats' requests. A set's first wave is the default drafter's, so its first cell meets
+a suffix cache that has seen none of the set's completions. Every output is compared token for
+token with the first output of its prompt (both servers return token ids: `return_token_ids`); a
+run with any difference exits with status 1.
 
 Only one arm runs at a time; the other servers sit idle beside it (an idle vLLM polls at 2-6 % of
 a core, an idle stack at 1-2 %). vLLM is not a dependency: it runs from the Python named by
@@ -60,6 +62,13 @@ class Streamed:
     def gaps(self) -> list[float]:
         times = [t for t, _ in self.chunks]
         return [b - a for a, b in zip(times, times[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first chunk: a speculative chunk's gap is a round's,
+        shared by its tokens. None for a request answered in one chunk."""
+        after = sum(n for _, n in self.chunks[1:])
+        return (self.chunks[-1][0] - self.chunks[0][0]) / after if after else None
 
 
 async def _stream(http, server: Server, prompt: int, ids: list[int], new_tokens: int, t0: float) -> Streamed:
@@ -133,12 +142,15 @@ BASES = ("vllm", "specdec_off")
 def summarise(runs: list[Streamed], seconds: list[float], tokens: list[int]) -> dict:
     gaps = sorted(g for r in runs for g in r.gaps)
     ttfts = sorted(r.ttft for r in runs)
+    tpots = sorted(t for r in runs if (t := r.tpot) is not None)
     return {
         "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds)),
         "ttft_p50_ms": 1000 * _pct(ttfts, 50),
         "ttft_p99_ms": 1000 * _pct(ttfts, 99),
         "itl_p50_ms": 1000 * _pct(gaps, 50) if gaps else None,
         "itl_p99_ms": 1000 * _pct(gaps, 99) if gaps else None,
+        "tpot_p50_ms": 1000 * _pct(tpots, 50) if tpots else None,
+        "tpot_p99_ms": 1000 * _pct(tpots, 99) if tpots else None,
         "repeats": len(seconds),
         "tokens_per_s_repeats": [t / s for t, s in zip(tokens, seconds)],
     }
@@ -186,10 +198,12 @@ async def measure(
             for level in levels:
                 order = [a for a in arms if a != "transformers" or level == 1]
                 rng.shuffle(order)
-                # specdec_off's first outputs are the reference; it goes first in the first repeat.
-                if ("specdec_off" in order) and not any(k[0] == name for k in reference):
-                    order.remove("specdec_off")
-                    order.insert(0, "specdec_off")
+                # A set's first wave goes to the default drafter: its first cell is then cold, the
+                # suffix cache holding no completion of these prompts (every later wave, of any
+                # arm, teaches it them). The first outputs are the reference all must equal.
+                if "specdec" in order and not any(k[0] == name for k in reference):
+                    order.remove("specdec")
+                    order.insert(0, "specdec")
                 for arm in order:
                     if arm == "transformers":
                         runs, seconds = await asyncio.to_thread(transformers_wave, hf_model, prompts, new_tokens)
@@ -231,21 +245,24 @@ def report(result: dict, levels: list[int]) -> str:
         if "specdec" in arms and "specdec_off" in arms:  # the load-aware budget: never below off
             cells = [f"{by_level[lv]['specdec']['x']['specdec_off']:.3f}x" for lv in levels]
             lines.append(f"{'x off, paired':<14}" + "".join(f"{c:>22}" for c in cells))
-            # A set's first cell (its first repeat, one stream): the default drafter's suffix
-            # cache has seen each completion once there (speculation off served it just before);
-            # later cells serve prompts it has seen many times.
+            # A set's first cell (its first repeat, one stream, the set's first wave): the default
+            # drafter's suffix cache has seen none of its completions there; later cells serve
+            # prompts it has seen many times.
             first = by_level[levels[0]]["specdec"]
             ratio = f" ({first['x_first']['vllm']:.2f}x)" if "vllm" in first["x_first"] else ""
             cells = [f"{first['tokens_per_s_repeats'][0]:.1f}{ratio}"] + ["-"] * (len(levels) - 1)
             lines.append(f"{'specdec, 1st':<14}" + "".join(f"{c:>22}" for c in cells))
-        lines.append(f"{'latency ms':<14}" + "".join(f"{'ttft p50/p99 itl p50/p99':>30}" for _ in levels[:1]))
+        lines.append(
+            f"{'latency ms':<14}" + "".join(f"{'ttft p50/p99 itl p50/p99 tpot p50/p99':>30}" for _ in levels[:1])
+        )
         for arm in arms:
             for lv in levels:
                 s = by_level[lv].get(arm)
-                if s and s["itl_p50_ms"] is not None:
+                if s and s["itl_p50_ms"] is not None and s["tpot_p50_ms"] is not None:
                     lines.append(
                         f"  {arm:<12} {lv:>3} streams  ttft {s['ttft_p50_ms']:7.0f} / {s['ttft_p99_ms']:7.0f}"
                         f"   itl {s['itl_p50_ms']:6.1f} / {s['itl_p99_ms']:6.1f}"
+                        f"   tpot {s['tpot_p50_ms']:6.1f} / {s['tpot_p99_ms']:6.1f}"
                     )
     bad = result["mismatches"]
     lines.append(f"\noutputs equal: {'yes' if not bad else f'NO ({len(bad)} differ: {bad[:4]})'}")

@@ -50,6 +50,7 @@ def test_the_server_comparison_runs_every_arm_and_compares_tokens(tiny_dir, tmp_
                     assert cell["x_first"][base] == mine[0] / theirs[0], (level, arm, base)
                 if arm != "transformers":  # a streamed arm has chunks to time between
                     assert cell["itl_p99_ms"] >= cell["itl_p50_ms"] > 0, (level, arm)
+                    assert cell["tpot_p99_ms"] >= cell["tpot_p50_ms"] > 0, (level, arm)
     assert result["config"]["commit"] and result["config"]["levels"] == [1, 2]
     printed = capsys.readouterr().out
     assert "== free: tokens/s (median), x vllm (median of paired repeats) ==" in printed
