@@ -310,7 +310,15 @@ class DraftLengthPolicy:
         if chosen.model_k == 0 and self._since_model_probe >= cfg.probe_every:
             self._since_model_probe = 0
             return RoundPlan(chosen.k, 1, "probe")
-        return RoundPlan(chosen.k, chosen.model_k, "load" if share < cap and chosen.k == share else "adaptive")
+        return RoundPlan(
+            chosen.k, chosen.model_k, "load" if self._load_shortened(chosen, limit, share, cap) else "adaptive"
+        )
+
+    def _load_shortened(self, chosen: Plan, limit: int, share: int, cap: int) -> bool:
+        """The load set this k: the budget's share capped it, or alone in a pass it would draft more."""
+        if share < cap and chosen.k == share:
+            return True
+        return self.rows > 1 and chosen.k < plan(self.acceptance, self.costs, limit, self.sources).k
 
     def pipelined_model_k(self, model_k: int | None) -> int | None:
         """The model cap of a call made during a verify pass. A hybrid's is a lookup only: its model

@@ -123,7 +123,7 @@ def test_drafts_shrink_as_the_pass_fills_and_come_back_when_it_empties():
     # alike, each draft adds 16 positions at 1.5 ms: k = 2 has the most tokens per second.
     assert policy.plan(8, 1).k >= 7
     policy.rows = 16
-    assert policy.plan(8, 16).k == 2
+    assert policy.plan(8, 16) == (2, None, "load")  # the load shortened it: traced as such
     policy.rows = 1
     assert policy.plan(8, 1).k >= 7
 
