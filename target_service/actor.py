@@ -352,7 +352,10 @@ class TargetActor:
         if len(self._plain) > 2 * self.config.max_sessions:
             held = self.verifier.sessions
             self._plain = {s: n for s, n in self._plain.items() if s in held}
-            self._ahead = {s: a for s, a in self._ahead.items() if s in held}
+            for session_id in [s for s in self._ahead if s not in held]:
+                # Unqueued too: left queued, it would sit beside its session's next round (two
+                # rounds for one request) and, run, bring an evicted session back.
+                self._drop(self._ahead.pop(session_id))
 
     async def _gather(self) -> None:
         """Wait until every session in `_expected` has queued its round, the batch is full, or
