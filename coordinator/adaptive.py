@@ -38,6 +38,8 @@ is measured again (verify costs are medians of recent passes: two good ones outv
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 from collections import deque
 from collections.abc import Mapping
@@ -62,14 +64,20 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 class _Curve:
-    """Seconds by position count: the median of each count's last `window` samples; a count not
-    seen yet is interpolated between its nearest seen neighbours, or extrapolated from the nearest
-    one with `prior_slope` (the share of a one-position pass each extra position adds)."""
+    """Seconds by position count: the median of each count's last `window` samples. A count not
+    measured yet follows `shape`, passes timed before serving, scaled to what was measured near
+    it (the same pass costs more beside a busy coordinator than alone); without a shape it is
+    interpolated between its nearest measured neighbours, or extrapolated from the nearest one
+    with `prior_slope` (the share of a one-position pass each extra position adds)."""
 
     def __init__(self, window: int, prior_slope: float):
         self.window, self.prior_slope = window, prior_slope
         self._samples: dict[int, deque[float]] = {}
         self.seen: dict[int, float] = {}  # per position count: the median of its samples
+        self.shape: _Piecewise | None = None  # timed before serving, never decreasing
+        self._ratios: _Piecewise | None = None  # measured over timed, per measured count (cached)
+        self._keys: list[int] = []  # the measured counts, sorted (cached)
+        self._floor: list[float] = []  # _floor[i]: the least seconds measured at _keys[i:] (cached)
 
     def observe(self, positions: int, seconds: float) -> None:
         """Each count's estimate is the median of its last `window` samples: one stalled pass (a
@@ -79,28 +87,67 @@ class _Curve:
         samples = self._samples.setdefault(positions, deque(maxlen=self.window))
         samples.append(seconds)
         self.seen[positions] = statistics.median(samples)
+        self._ratios = None
+        self._keys = sorted(self.seen)
+        self._floor = list(itertools.accumulate(reversed([self.seen[n] for n in self._keys]), min))[::-1]
+
+    def set_shape(self, points: Mapping[int, float]) -> None:
+        self.shape, self._ratios = _Piecewise(points), None
 
     def at(self, positions: int) -> float:
         """Never above a measured longer count: more positions never cost less, so where a longer
         one measured cheaper, the shorter one's estimate holds a slow pass (timing noise is a
         stall, upwards), and noise must not buy a draft."""
-        longer = [seconds for n, seconds in self.seen.items() if n > positions]
-        return min([self._interpolated(positions), *longer])
+        i = bisect.bisect_right(self._keys, positions)
+        estimate = self._interpolated(positions)
+        return min(estimate, self._floor[i]) if i < len(self._keys) else estimate
 
     def _interpolated(self, positions: int) -> float:
         seen = self.seen
         if positions in seen:
             return seen[positions]
+        if self.shape is not None:
+            return self.shape.at(positions) * self._scale(positions)
         if not seen:
             return 1.0 + self.prior_slope * (positions - 1)  # no unit yet: only ratios matter, and drafts cost 0 so far
-        below = [n for n in seen if n < positions]
-        above = [n for n in seen if n > positions]
-        if below and above:
-            lo, hi = max(below), min(above)
+        i = bisect.bisect_left(self._keys, positions)  # positions is not measured: keys[i] is above it
+        if 0 < i < len(self._keys):
+            lo, hi = self._keys[i - 1], self._keys[i]
             return seen[lo] + (seen[hi] - seen[lo]) * (positions - lo) / (hi - lo)
-        nearest = max(below) if below else min(above)
+        nearest = self._keys[i - 1] if i else self._keys[0]
         scale = (1.0 + self.prior_slope * (positions - 1)) / (1.0 + self.prior_slope * (nearest - 1))
         return seen[nearest] * scale
+
+    def _scale(self, positions: int) -> float:
+        """Measured over timed, at the measured counts nearest `positions` (interpolated between
+        the two around it); 1 while nothing is measured."""
+        if not self.seen:
+            return 1.0
+        if self._ratios is None:
+            self._ratios = _Piecewise({n: seconds / self.shape.at(n) for n, seconds in self.seen.items()})
+        return self._ratios.at(positions, extend=False)
+
+
+class _Piecewise:
+    """The piecewise-linear curve through `points`."""
+
+    def __init__(self, points: Mapping[int, float]):
+        self.xs = sorted(points)
+        self.ys = [points[x] for x in self.xs]
+
+    def at(self, x: int, extend: bool = True) -> float:
+        """Before the first point, its value; beyond the last, the last segment continued
+        (`extend`) or the last value."""
+        xs, ys = self.xs, self.ys
+        i = bisect.bisect_left(xs, x)
+        if i == 0:
+            return ys[0]
+        if i == len(xs):
+            if not extend or len(xs) == 1:
+                return ys[-1]
+            i -= 1
+        lo, hi = xs[i - 1], xs[i]
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - lo) / (hi - lo)
 
 
 class CostModel:
@@ -143,9 +190,11 @@ class CostModel:
         """Pass seconds by positions, as the target timed them before serving
         (`TargetVerifier.profile_passes`): until rounds measure a length, the prior slope would
         price it, far above a CPU's nearly flat cost of the first few positions, and drafts would
-        grow one position per probe. Measured passes replace these within a window."""
-        for positions, seconds in profile.items():
-            self._passes.observe(int(positions), seconds)
+        grow one position per probe. They give the curve its shape, scaled to the passes measured
+        nearest (busy passes cost more than passes alone); made never decreasing, so timing noise
+        prices no longer pass below a shorter one."""
+        timed = {int(positions): seconds for positions, seconds in profile.items()}
+        self._passes.set_shape({n: min(s for m, s in timed.items() if m >= n) for n in timed})
 
     def observe_draft(self, k: int, seconds: float, source: str = MODEL) -> None:
         """A round's wait for k drafts from a source class (LOOKUP or MODEL)."""
@@ -156,7 +205,7 @@ class CostModel:
 
     def verify(self, positions: int, rows: int = 1) -> float:
         """A round over `positions` (k + 1) in a pass of `rows` rounds that draft alike."""
-        if not self._passes.seen:
+        if not self._passes.seen and self._passes.shape is None:
             return self._rounds.at(positions)
         trip = statistics.median(self._trips) if self._trips else 0.0
         return trip + self._passes.at(rows * positions)

@@ -164,3 +164,16 @@ def costs_after_one_round() -> CostModel:
     model = CostModel()
     model.observe_verify(3, 0.0243, PassCost(1, 3, 0.0243))
     return model
+
+
+def test_passes_measured_at_load_rescale_the_ones_timed_alone():
+    """A pass beside a busy coordinator costs more than the same pass timed alone: the timed
+    curve keeps its shape, scaled by what was measured nearest, and a stale timed figure never
+    prices a shorter pass below its measured cost."""
+    model = CostModel()
+    model.seed_passes({1: 0.02, 16: 0.04, 64: 0.1, 128: 0.18})
+    assert model.verify(64) == pytest.approx(0.1)  # nothing measured yet: the timed pass
+    model.observe_verify(1, 0.052, PassCost(16, 16, 0.052))  # 1.3x the timed pass, no trip
+    assert model.verify(4, rows=16) == pytest.approx(1.3 * 0.1)  # 64 positions, at the measured scale
+    assert model.verify(16) == pytest.approx(0.052)
+    assert model.verify(8, rows=32) == pytest.approx(1.3 * (0.18 + 0.08 * (256 - 128) / 64))  # past the last timed
