@@ -76,8 +76,8 @@ class _Curve:
         self.seen: dict[int, float] = {}  # per position count: the median of its samples
         self.shape: _Piecewise | None = None  # timed before serving, never decreasing
         self._ratios: _Piecewise | None = None  # measured over timed, per measured count (cached)
-        self._keys: list[int] = []  # the measured counts, sorted (cached)
-        self._floor: list[float] = []  # _floor[i]: the least seconds measured at _keys[i:] (cached)
+        self._measured: _Piecewise | None = None  # through `seen` (cached)
+        self._floor: list[float] = []  # _floor[i]: the least seconds measured at the i-th count on (cached)
 
     def observe(self, positions: int, seconds: float) -> None:
         """Each count's estimate is the median of its last `window` samples: one stalled pass (a
@@ -88,8 +88,8 @@ class _Curve:
         samples.append(seconds)
         self.seen[positions] = statistics.median(samples)
         self._ratios = None
-        self._keys = sorted(self.seen)
-        self._floor = list(itertools.accumulate(reversed([self.seen[n] for n in self._keys]), min))[::-1]
+        self._measured = _Piecewise(self.seen)
+        self._floor = list(itertools.accumulate(reversed(self._measured.ys), min))[::-1]
 
     def set_shape(self, points: Mapping[int, float]) -> None:
         self.shape, self._ratios = _Piecewise(points), None
@@ -98,9 +98,11 @@ class _Curve:
         """Never above a measured longer count: more positions never cost less, so where a longer
         one measured cheaper, the shorter one's estimate holds a slow pass (timing noise is a
         stall, upwards), and noise must not buy a draft."""
-        i = bisect.bisect_right(self._keys, positions)
         estimate = self._interpolated(positions)
-        return min(estimate, self._floor[i]) if i < len(self._keys) else estimate
+        if self._measured is None:
+            return estimate
+        i = bisect.bisect_right(self._measured.xs, positions)
+        return min(estimate, self._floor[i]) if i < len(self._floor) else estimate
 
     def _interpolated(self, positions: int) -> float:
         seen = self.seen
@@ -110,11 +112,10 @@ class _Curve:
             return self.shape.at(positions) * self._scale(positions)
         if not seen:
             return 1.0 + self.prior_slope * (positions - 1)  # no unit yet: only ratios matter, and drafts cost 0 so far
-        i = bisect.bisect_left(self._keys, positions)  # positions is not measured: keys[i] is above it
-        if 0 < i < len(self._keys):
-            lo, hi = self._keys[i - 1], self._keys[i]
-            return seen[lo] + (seen[hi] - seen[lo]) * (positions - lo) / (hi - lo)
-        nearest = self._keys[i - 1] if i else self._keys[0]
+        keys = self._measured.xs
+        if keys[0] < positions < keys[-1]:
+            return self._measured.at(positions)
+        nearest = keys[-1] if positions > keys[-1] else keys[0]
         scale = (1.0 + self.prior_slope * (positions - 1)) / (1.0 + self.prior_slope * (nearest - 1))
         return seen[nearest] * scale
 
@@ -180,8 +181,9 @@ class CostModel:
         if cost is not None:
             # A pass of R rounds comes back R times: counted once, so one stalled pass is one
             # sample of the median, not a window of them.
-            if replace(cost, ahead=False) not in self._recent_passes:
-                self._recent_passes.append(replace(cost, ahead=False))
+            counted = replace(cost, ahead=False)  # a pass is the same however its round was answered
+            if counted not in self._recent_passes:
+                self._recent_passes.append(counted)
                 self._passes.observe(cost.positions, cost.seconds)
             if not cost.ahead:  # a round answered by a pass run before it was sent waited for none
                 self._trips.append(max(0.0, seconds - cost.seconds))

@@ -157,20 +157,21 @@ class TargetVerifier:
         seconds: dict[int, float] = {}
         for total in positions:
             lengths = [16] * (total // 16) + ([total % 16] if total % 16 else [])
-            if sum(lengths) + len(lengths) * context > pool.capacity_tokens // 2:
+            if total + len(lengths) * context > pool.capacity_tokens // 2:
                 break  # a small pool (tests): profile what fits, the policy extrapolates the rest
             sessions = [PagedSession() for _ in lengths]
             try:
                 for session in sessions:  # prefixes with real keys and values
                     pool.extend(session, [0] * context)
-                self._hidden_and_argmax([Row(session.table, session.tokens, 1) for session in sessions])
+                self._pass([Row(session.table, session.tokens, 1) for session in sessions], greedy=True)
                 samples = []
                 for _ in range(repeats):
                     for session, n in zip(sessions, lengths):
                         pool.extend(session, [0] * n)
                     rows = [Row(session.table, [0] * n, n) for session, n in zip(sessions, lengths)]
                     started = time.perf_counter()
-                    self._hidden_and_argmax(rows)
+                    out = self._pass(rows, greedy=True)  # a greedy round's pass, to its host sync
+                    (out if out.dim() == 1 else greedy_decisions(out)).tolist()
                     samples.append(time.perf_counter() - started)
                     for session in sessions:
                         pool.cut(session, context)
@@ -180,20 +181,15 @@ class TargetVerifier:
                     pool.release(session.table)
         return seconds
 
-    def _hidden_and_argmax(self, rows: list[Row]) -> None:
-        """The pass a greedy round runs, over `rows`, its result dropped."""
-        model = self.loaded.model
-        if self.greedy_head is None:
-            ragged_forward(model, self.pool, rows, self.decoder).argmax(-1).tolist()
-            return
-        hidden = ragged_hidden(model, self.pool, rows, self.decoder)
-        self.greedy_head.argmax(hidden, lambda h: head_logits(model, h)).tolist()
-
     def _forward(self, plan: PassPlan, items: Sequence[VerifyItem]) -> torch.Tensor:
-        """The pass: the logits of the kept positions, (kept, vocab), or, when every deciding row
-        is greedy and the head screens (`GreedyHead`), just their argmax, (kept,)."""
-        model, rows = self.loaded.model, plan.batch
-        if self.greedy_head is None or not all(items[r.item].sampling.greedy for r in plan.deciding):
+        """The pass over the plan's rows (`_pass`), greedy when every deciding row is."""
+        return self._pass(plan.batch, greedy=all(items[r.item].sampling.greedy for r in plan.deciding))
+
+    def _pass(self, rows: list[Row], greedy: bool) -> torch.Tensor:
+        """The logits of the kept positions, (kept, vocab), or, when `greedy` and the head screens
+        (`GreedyHead`), just their argmax, (kept,)."""
+        model = self.loaded.model
+        if self.greedy_head is None or not greedy:
             return ragged_forward(model, self.pool, rows, self.decoder)
         hidden = ragged_hidden(model, self.pool, rows, self.decoder)  # (kept, d)
         return self.greedy_head.argmax(hidden, lambda h: head_logits(model, h))
