@@ -83,6 +83,8 @@ class Call:
     prompt: str = ""
     completion: list[str] = field(default_factory=list)
     delivered: bool = False  # the final delta went out: the client has its whole answer
+    admitted: bool = True  # counted in `max_inflight` (until its last delta is handed over)
+    on_last_delta: Callable[[Call], None] | None = None
 
     def add(self, delta: Delta) -> None:
         self.completion_tokens += len(delta.token_ids)
@@ -93,6 +95,8 @@ class Call:
             self.prompt_tokens = delta.prompt_tokens
             self.stats = delta.stats
             metrics.PROMPT_TOKENS.inc(delta.prompt_tokens)
+            if self.on_last_delta is not None:
+                self.on_last_delta(self)
 
     def span_attributes(self) -> dict:
         attributes = {"gen_ai.usage.output_tokens": self.completion_tokens}
@@ -165,7 +169,7 @@ class Calls:
             )
         self.stats.in_flight += 1
         metrics.REQUESTS_RUNNING.inc()
-        call = Call(started=time.perf_counter(), capture=capture_content())
+        call = Call(started=time.perf_counter(), capture=capture_content(), on_last_delta=self._leave)
         if call_id is not None:
             call.id = call_id  # the transport's id for the request (the HTTP API's x-request-id)
         if call.capture:
@@ -220,10 +224,9 @@ class Calls:
                     if call.code is not grpc.StatusCode.OK:
                         server_span.set_status(trace.Status(trace.StatusCode.ERROR, call.code.name))
         finally:
-            self.stats.in_flight -= 1
+            self._leave(call)
             self.stats.requests += 1
             self.stats.failed += call.code is not grpc.StatusCode.OK
-            metrics.REQUESTS_RUNNING.dec()
             metrics.REQUESTS.labels(call.finish_reason, call.code.name).inc()
             log.info("%s", call.log_line(method))
         return call
@@ -239,12 +242,22 @@ class Calls:
                         waiting = False
                         metrics.REQUESTS_WAITING.dec()
                     self._count(delta)
-                    call.add(delta)
+                    call.add(delta)  # the last delta leaves admission before it is sent
                     await on_delta(delta, call.trace_id)
                     call.delivered = delta.finish_reason is not None
         finally:
             if waiting:
                 metrics.REQUESTS_WAITING.dec()
+
+    def _leave(self, call: Call) -> None:
+        """The call leaves `max_inflight`, once: as its last delta goes to the transport, or when it
+        ends without one. The client may open its next stream the moment it reads the last chunk,
+        while this call still ends its sessions on both tiers; counting that cleanup as in flight
+        would refuse a client that never holds more than `max_inflight` streams open."""
+        if call.admitted:
+            call.admitted = False
+            self.stats.in_flight -= 1
+            metrics.REQUESTS_RUNNING.dec()
 
     def _count(self, delta: Delta) -> None:
         self.stats.completion_tokens += len(delta.token_ids)

@@ -36,6 +36,28 @@ class GatedEngine:
         yield Delta([7], "x", FinishReason.LENGTH, 1, SpeculationStats())
 
 
+class HeldCleanupEngine:
+    """Stands in for the engine: every stream gives one token, "x", at once; the first stream's
+    cleanup after its last delta (where the real engine ends its sessions on both tiers) then waits
+    for `release`."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.entered = 0
+        self.cleaned = 0
+        self.target = type("Target", (), {"name": "held", "max_context": 64})()
+
+    async def stream(self, request):
+        self.entered += 1
+        first = self.entered == 1
+        try:
+            yield Delta([7], "x", FinishReason.LENGTH, 1, SpeculationStats())
+        finally:
+            if first:
+                await self.release.wait()
+            self.cleaned += 1
+
+
 @contextmanager
 def serving(engine, **config):
     """`engine` behind a `GenerationServer` on free loopback ports (`config`: more ServerConfig

@@ -12,3 +12,12 @@ class InvalidArgument(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class NonFiniteLogits(FloatingPointError):
+    """A target pass gave NaN or infinite logits at some positions: no token is the argmax there.
+    A broken checkpoint or an overflow in the model, never a request's fault."""
+
+    def __init__(self, rows: list[int]):
+        super().__init__(f"the target's logits hold NaN or inf at positions {rows} of the pass: no argmax to decode")
+        self.rows = rows

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specdec.core.errors import NonFiniteLogits
 from specdec.runtime.projection import HEAD_LABEL, PACK_BATCH_HINT
 
 _U = 2.0**-8  # bf16 unit roundoff (8 bits of precision)
@@ -102,4 +103,11 @@ class GreedyHead:
         tied = exact == best[rows]
         # The lowest id among a row's best, as torch.argmax breaks ties.
         first = torch.full((n,), self.weight.shape[0], dtype=cols.dtype)
-        return first.scatter_reduce(0, rows[tied], cols[tied], "amin")
+        first = first.scatter_reduce(0, rows[tied], cols[tied], "amin")
+        # A NaN or an infinity in a row's logits makes its floor NaN (inf - inf) and leaves it with
+        # no candidate: its id would stay `vocab`, one past the last token. Such a row has no
+        # argmax to give, so the pass fails with the rows named (a host read, free on the CPU).
+        empty = first == self.weight.shape[0]
+        if bool(empty.any()):
+            raise NonFiniteLogits(torch.nonzero(empty).flatten().tolist())
+        return first

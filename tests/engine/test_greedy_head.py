@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from specdec.core.acceptance import DraftProposal
+from specdec.core.errors import NonFiniteLogits
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.greedy_head import GreedyHead
 from specdec.target_service.verifier import TargetVerifier, VerifyItem
@@ -55,6 +56,47 @@ def test_near_ties_that_bf16_rounds_together_are_decided_in_fp32():
     screen = GreedyHead(head)
     assert screen.argmax(hidden, head).tolist() == [7, 300]
     assert torch.argmax(head(hidden), dim=-1).tolist() == [7, 300]
+
+
+@torch.inference_mode()
+def test_many_near_ties_below_bf16_resolution_give_fp32s_argmax():
+    """In each of 64 rows two tokens' logits differ by 2^-12 to 2^-20 of their size, far below
+    bf16's 2^-8 (both round to the same bf16 weights), the winner drawn at random: the screen
+    returns fp32's argmax in every row, and the winner is not always the lower id."""
+    rows, d = 64, 64
+    head = _head(8192, d, False, seed=4)
+    generator = torch.Generator().manual_seed(4)
+    hidden = torch.randn(rows, d, generator=generator)
+    direction = hidden / hidden.norm(dim=1, keepdim=True)
+    pairs = torch.randperm(8192, generator=generator)[: 2 * rows].view(rows, 2)
+    for i, (a, b) in enumerate(pairs.tolist()):
+        gap = 2.0 ** -torch.randint(12, 21, (1,), generator=generator).item()
+        head.weight[a] = direction[i] * 40
+        head.weight[b] = head.weight[a] * (1 + gap)  # b ahead by 40 ||h|| gap along h
+        if torch.rand(1, generator=generator).item() < 0.5:
+            head.weight[a], head.weight[b] = head.weight[b].clone(), head.weight[a].clone()
+    full = torch.argmax(head(hidden), dim=-1)
+    screen_logits = torch.nn.functional.linear(hidden.bfloat16(), head.weight.bfloat16())
+    at = torch.arange(rows)
+    assert (screen_logits[at, pairs[:, 0]] == screen_logits[at, pairs[:, 1]]).float().mean() > 0.9  # bf16 ties them
+    assert set(full.tolist()) <= set(pairs.flatten().tolist())  # each row's winner is one of its pair
+    assert (full == pairs.min(dim=1).values).any() and (full == pairs.max(dim=1).values).any()
+    assert torch.equal(GreedyHead(head).argmax(hidden, head), full)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@torch.inference_mode()
+def test_rows_with_nan_or_inf_logits_are_a_clear_error_not_an_out_of_range_id(bad):
+    head = _head(1024, 16, False, seed=5)
+    hidden = torch.randn(4, 16)
+    hidden[2, 3] = bad  # row 2's logits are all NaN or infinite
+    with pytest.raises(NonFiniteLogits, match=r"positions \[2\]") as info:
+        GreedyHead(head).argmax(hidden, head)
+    assert info.value.rows == [2]
+    with_bias = _head(1024, 16, True, seed=5)
+    with_bias.bias[77] = float("nan")  # one NaN logit in every row: the screen's max is NaN
+    with pytest.raises(NonFiniteLogits):
+        GreedyHead(with_bias).argmax(torch.randn(3, 16), with_bias)
 
 
 @torch.inference_mode()

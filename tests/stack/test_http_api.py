@@ -17,7 +17,7 @@ from loop_thread import LoopThread
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from serving_kit import GatedEngine, serving, until
+from serving_kit import GatedEngine, HeldCleanupEngine, serving, until
 
 from specdec.coordinator import metrics
 from specdec.coordinator.clients import DraftClient
@@ -392,6 +392,69 @@ def test_beyond_max_inflight_is_429():
             loop.loop.call_soon_threadsafe(engine.release.set)
             assert first.result(timeout=30) == ["x"]
             assert client.completions.create(model="gated", prompt="a", max_tokens=1).choices[0].text == "x"
+
+
+def test_a_request_leaves_max_inflight_as_its_last_chunk_is_sent():
+    """The client reads the last chunk and opens its next request while the finished one still
+    ends its sessions: with max_inflight 1 that next request is admitted, over HTTP and gRPC."""
+    for transport in ("http", "grpc"):
+        engine = HeldCleanupEngine()
+        with serving(engine, http_port=0, max_inflight=1) as (loop, server):
+            channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+            stub = generation_pb2_grpc.GenerationServiceStub(channel)
+            base = f"http://127.0.0.1:{server.http_port}/v1/completions"
+            body = {"prompt": "a", "max_tokens": 1, "stream": True}
+            if transport == "http":
+                with httpx.stream("POST", base, json=body, timeout=30) as r:
+                    assert [line for line in r.iter_lines() if line][-1] == "data: [DONE]"
+                first = None
+            else:
+                first = stub.GenerateStream(pb.GenerateStreamRequest(prompt="a", max_new_tokens=1), timeout=30)
+                assert next(first).finish_reason == pb.FINISH_REASON_LENGTH  # the last chunk
+            assert engine.cleaned == 0 and server.stats.in_flight == 0  # still cleaning up, not counted
+            with httpx.stream("POST", base, json=body, timeout=30) as r:
+                assert r.status_code == 200, r.read()
+            second = list(stub.GenerateStream(pb.GenerateStreamRequest(prompt="a", max_new_tokens=1), timeout=30))
+            assert [m.text for m in second] == ["x"]
+            loop.loop.call_soon_threadsafe(engine.release.set)
+            if first is not None:
+                assert list(first) == []  # the first stream then ends OK
+            until(lambda: engine.cleaned == engine.entered == 3)
+            channel.close()
+
+
+def test_a_client_holding_max_inflight_streams_is_never_refused(stack):
+    """A closed loop of exactly max_inflight clients, each opening its next stream the moment the
+    previous one ended, over HTTP and gRPC, speculation on and off: no request is refused, and
+    every stream gives the same tokens."""
+    server = stack.servers["chat"]
+    clients, per_client = server.calls.max_inflight, 3
+    failed = server.stats.failed
+    expected = list(_grpc(stack, prompt=PROMPT, max_new_tokens=12).token_ids)
+
+    def over_http(disabled: bool) -> list[int]:
+        body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "stream": True, "return_token_ids": True}
+        body["speculation"] = {"disabled": disabled}
+        with httpx.stream("POST", stack.base_url + "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+        return [t for line in lines for c in json.loads(line[6:])["choices"] for t in c["token_ids"]]
+
+    def over_grpc(disabled: bool) -> list[int]:
+        request = pb.GenerateStreamRequest(
+            prompt=PROMPT, max_new_tokens=12, speculation=pb.SpeculationParams(disabled=disabled)
+        )
+        return [t for m in stack.stub.GenerateStream(request, timeout=60) for t in m.token_ids]
+
+    def closed_loop(send, disabled: bool) -> list[list[int]]:
+        return [send(disabled) for _ in range(per_client)]
+
+    for send in (over_http, over_grpc):
+        for disabled in (False, True):
+            with ThreadPoolExecutor(clients) as pool:
+                runs = list(pool.map(lambda _: closed_loop(send, disabled), range(clients)))
+            assert [tokens for run in runs for tokens in run] == [expected] * (clients * per_client)
+    assert server.stats.failed == failed
 
 
 class _FailingEngine:
