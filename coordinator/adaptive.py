@@ -287,6 +287,17 @@ def best_k(alpha: float, costs: CostModel, k_max: int, source: str = MODEL, rows
     return best
 
 
+def slo_k(costs: CostModel, slo_s: float, k_max: int, rows: int = 1, source: str = MODEL) -> int:
+    """The most drafts in [0, k_max] whose round, in a pass of `rows` rounds drafting alike, is
+    predicted to take at most `slo_s`: a streamed chunk waits for its round, so the gap between
+    chunks stays within the objective. 0 where even a plain round takes longer (drafting less is
+    all a round can do then)."""
+    k = 0
+    while k < k_max and costs.draft(k + 1, source) + costs.verify(k + 2, rows) <= slo_s:
+        k += 1
+    return k
+
+
 def ideal_speedup(alpha: float, k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
     """Leviathan et al.'s expected improvement over target-only decoding: tokens per round over
     the round's cost in target steps (c = draft step / target step; verify_ratio = a (k+1)-position
@@ -301,12 +312,13 @@ class PolicySettings(Protocol):
     probe_every: int
     speculation_max_running: int
     speculation_token_budget: int
+    itl_slo_ms: float
 
 
 class RoundPlan(NamedTuple):
     k: int  # the round's most drafts
     model_k: int | None  # the most a draft model may propose, when below k; None: k
-    why: str  # what set k: "fixed", "adaptive", "probe" or "load" (the round span's k_policy)
+    why: str  # what set k: "fixed", "adaptive", "probe", "load" or "slo" (the round span's k_policy)
 
 
 class DraftLengthPolicy:
@@ -345,6 +357,12 @@ class DraftLengthPolicy:
         if share <= 0:
             return RoundPlan(0, None, "load")
         limit = min(cap, share)
+        slo_capped = False
+        if cfg.itl_slo_ms > 0:
+            within = slo_k(self.costs, cfg.itl_slo_ms / 1000, limit, self.rows, self._draft_class())
+            if within == 0:  # no probe either: a probe's longer pass is a gap over the objective
+                return RoundPlan(0, None, "slo")
+            slo_capped, limit = within < limit, within
         chosen = plan(self.acceptance, self.costs, limit, self.sources, self.rows)
         self._since_probe = 0 if chosen.k > 0 else self._since_probe + 1
         if chosen.k == 0 and self._since_probe >= cfg.probe_every:
@@ -361,9 +379,16 @@ class DraftLengthPolicy:
         if chosen.model_k == 0 and self._since_model_probe >= cfg.probe_every:
             self._since_model_probe = 0
             return RoundPlan(chosen.k, 1, "probe")
+        if slo_capped and chosen.k == limit:
+            return RoundPlan(chosen.k, chosen.model_k, "slo")
         return RoundPlan(
             chosen.k, chosen.model_k, "load" if self._load_shortened(chosen, limit, share, cap) else "adaptive"
         )
+
+    def _draft_class(self) -> str:
+        """The source class whose draft time a round waits for: a lookup where the tier answers
+        with lookups only, else a model's (a hybrid's model may run)."""
+        return LOOKUP if self.sources == {LOOKUP} else MODEL
 
     def _load_shortened(self, chosen: Plan, limit: int, share: int, cap: int) -> bool:
         """The load set this k: the budget's share capped it, or alone in a pass it would draft more."""

@@ -110,6 +110,14 @@ class EngineConfig:
         type="nonnegative_int_or_auto",
         cli_default="auto",
     )
+    # A latency objective besides throughput: the draft-length policy drafts no more than keeps a
+    # round's predicted wait (the pass it makes for every round in it, adaptive.py) within it.
+    itl_slo_ms: float = setting(
+        0.0,
+        "target gap between streamed chunks, ms: each round drafts at most what keeps its predicted pass "
+        "within it (k = 0 where even a plain pass takes longer); 0: none",
+        type="seconds",
+    )
     # Every round searches the new text for each stop string and holds back any tail that could
     # begin one (coordinator/text.py): the cost grows with their number times their length.
     max_stop_strings: int = 16

@@ -17,6 +17,7 @@ class Settings:
     probe_every: int = 4
     speculation_max_running: int = 0
     speculation_token_budget: int = 0
+    itl_slo_ms: float = 0.0
 
 
 def costs(per_position: float = 0.016) -> CostModel:
@@ -177,3 +178,33 @@ def test_passes_measured_at_load_rescale_the_ones_timed_alone():
     assert model.verify(4, rows=16) == pytest.approx(1.3 * 0.1)  # 64 positions, at the measured scale
     assert model.verify(16) == pytest.approx(0.052)
     assert model.verify(8, rows=32) == pytest.approx(1.3 * (0.18 + 0.08 * (256 - 128) / 64))  # past the last timed
+
+
+def test_an_itl_objective_caps_drafts_at_the_pass_it_predicts_within_it():
+    lookups = {LOOKUP}
+    free = DraftLengthPolicy(Settings(), measured_passes(), lookups, greedy=True)
+    free.acceptance.by_class[LOOKUP] = Acceptance(accepted=9.5, tested=10.0)  # alpha 0.95: long drafts pay
+    free.rows = 16
+    unbounded = free.plan(8, 16).k
+    # Among 16 rounds drafting alike, k drafts make a pass of 16 (k + 1) positions: 3 of them
+    # (64 positions) fit a 4 + 20 + 96 = 120 ms objective, 4 (80 positions) do not.
+    slo_ms = 1000 * (0.004 + cpu_pass_s(64)) + 0.1
+    bounded = DraftLengthPolicy(Settings(itl_slo_ms=slo_ms), measured_passes(), lookups, greedy=True)
+    bounded.acceptance = free.acceptance
+    bounded.rows = 16
+    assert unbounded > 3 and bounded.plan(8, 16) == (3, None, "slo")
+    # Alone in a pass, the same objective holds every draft the acceptance buys.
+    bounded.rows = 1
+    free.rows = 1
+    assert bounded.plan(8, 1).k == free.plan(8, 1).k > 3
+
+
+def test_an_itl_objective_below_a_plain_pass_stops_drafts_and_probes():
+    policy = DraftLengthPolicy(Settings(itl_slo_ms=10.0), measured_passes(), {LOOKUP}, greedy=True)
+    plans = []
+    for _ in range(3 * Settings.probe_every):
+        planned = policy.plan(8, 1)
+        plans.append(planned)
+        rejected(policy, planned)
+    # A plain round (24 ms) is over the objective already: a probe's longer pass would only add.
+    assert set(plans) == {RoundPlan(0, None, "slo")}
