@@ -106,7 +106,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help=f"prompt sets of the server comparison, comma separated, of {', '.join(serving.SETS)} "
         "(default free,free_heldout,similar_heldout)",
     )
-    p.add_argument("--peer-prompts", type=int, default=4, help="prompts per set in the server comparison (default 4)")
+    p.add_argument(
+        "--peer-workload",
+        default="cold,repeat",
+        help="workloads of the server comparison, comma separated: cold (each prompt once in a fresh server's "
+        "life, the headline) and repeat (--peer-sets sent again at every level) (default cold,repeat)",
+    )
+    p.add_argument(
+        "--cold-serial-prompts",
+        type=int,
+        default=8,
+        help="cold prompts one stream sends one after another; N streams send N (default 8)",
+    )
+    p.add_argument("--peer-prompts", type=int, default=4, help="prompts per set of the repeat workload (default 4)")
     p.add_argument("--peer-kv-gib", type=int, default=2, help="each server's KV cache in GiB (default 2)")
     p.add_argument(
         "--concurrency", default="1,4,16,64", help="stream counts, comma separated; none to skip (default 1,4,16,64)"
@@ -170,6 +182,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.peer_url:
         args.peer = "vllm"
     args.peer_sets = [name for name in args.peer_sets.split(",") if name]
+    args.peer_workload = [name for name in args.peer_workload.split(",") if name]
+    if not args.peer_workload or set(args.peer_workload) - set(serving.WORKLOADS):
+        p.error(f"--peer-workload: expected some of {', '.join(serving.WORKLOADS)}, got {','.join(args.peer_workload)}")
     if args.peer == "vllm" and (not args.concurrency or set(args.peer_sets) - set(serving.SETS)):
         p.error(f"--peer vllm: --peer-sets must name some of {', '.join(serving.SETS)}, --concurrency some levels")
     for name in (
@@ -182,6 +197,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "concurrency_prompts",
         "concurrency_new_tokens",
         "concurrency_repeats",
+        "cold_serial_prompts",
     ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")

@@ -1,5 +1,11 @@
 """Servers side by side: `specdec up` against vLLM's OpenAI server, through one OpenAI client.
 
+Two workloads. cold, the headline: prompts written for the benchmark (bench/cold_prompts.py),
+each sent once in a server's life, on fresh servers for every repeat (bench/suite/cold.py): what
+a server meets in production. repeat: each set's few prompts sent again at every level and every
+repeat to one long-lived server of each kind, the suffix cache's home ground (it learns every
+completion), reported beside the cold figures, never as the headline.
+
 What a user choosing a server measures: the same prompts (as token ids, so both tokenize alike)
 sent to each server's `/v1/completions`, streamed, greedy, `ignore_eos` so that every request
 makes exactly `max_tokens` tokens, serially and as N concurrent streams. Arms:
@@ -17,7 +23,7 @@ streams runs max(1, m // N) requests back to back, stream i starting at prompt i
 tokens/s (all tokens over the wave's wall time), time to first token and inter-token latency
 (the gaps between streamed chunks; a speculative chunk may hold several tokens) and time per
 output token (a request's time after its first chunk over the tokens after it) at p50 / p99
-over the repeats' requests. A set's first wave is the default drafter's, so its first cell meets
+over the repeats' requests. In the repeat workload, a set's first wave is the default drafter's, so its first cell meets
 a suffix cache that has seen none of the set's completions. Every output is compared token for
 token with the first output of its prompt (both servers return token ids: `return_token_ids`); a
 run with any difference exits with status 1.
@@ -64,6 +70,13 @@ class Streamed:
         return [b - a for a, b in zip(times, times[1:])]
 
     @property
+    def token_gaps(self) -> list[float]:
+        """Each token's share of the gap before the chunk that brought it: a chunk of n tokens
+        after a gap g counts n gaps of g / n (a speculative round's wait, shared by its tokens)."""
+        times = [t for t, _ in self.chunks]
+        return [(b - a) / n for a, (b, n) in zip(times, self.chunks[1:]) for _ in range(n)]
+
+    @property
     def tpot(self) -> float | None:
         """Time per output token after the first chunk: a speculative chunk's gap is a round's,
         shared by its tokens. None for a request answered in one chunk."""
@@ -97,14 +110,17 @@ async def _stream(http, server: Server, prompt: int, ids: list[int], new_tokens:
     return out
 
 
-async def wave(server: Server, prompts: list[list[int]], streams: int, new_tokens: int) -> tuple[list[Streamed], float]:
-    """`streams` clients at once, each running its share of `prompts` back to back."""
+async def wave(
+    server: Server, prompts: list[list[int]], streams: int, new_tokens: int, warmup: list[int] | None = None
+) -> tuple[list[Streamed], float]:
+    """`streams` clients at once, each running its share of `prompts` back to back, after one
+    short request (`warmup`, else the first prompt) that connects and warms the server."""
     import httpx2
 
     per_stream = max(1, len(prompts) // streams)
     limits = httpx2.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
     async with httpx2.AsyncClient(timeout=1800, limits=limits) as http:
-        await _stream(http, server, 0, prompts[0], 2, time.perf_counter())  # connect, warm up
+        await _stream(http, server, 0, warmup or prompts[0], 2, time.perf_counter())
 
         async def client(i: int) -> list[Streamed]:
             done = []
@@ -139,21 +155,29 @@ def transformers_wave(model, prompts: list[list[int]], new_tokens: int) -> tuple
 BASES = ("vllm", "specdec_off")
 
 
+PERCENTILES = (50, 90, 99)
+
+
 def summarise(runs: list[Streamed], seconds: list[float], tokens: list[int]) -> dict:
-    gaps = sorted(g for r in runs for g in r.gaps)
-    ttfts = sorted(r.ttft for r in runs)
-    tpots = sorted(t for r in runs if (t := r.tpot) is not None)
-    return {
-        "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds)),
-        "ttft_p50_ms": 1000 * _pct(ttfts, 50),
-        "ttft_p99_ms": 1000 * _pct(ttfts, 99),
-        "itl_p50_ms": 1000 * _pct(gaps, 50) if gaps else None,
-        "itl_p99_ms": 1000 * _pct(gaps, 99) if gaps else None,
-        "tpot_p50_ms": 1000 * _pct(tpots, 50) if tpots else None,
-        "tpot_p99_ms": 1000 * _pct(tpots, 99) if tpots else None,
-        "repeats": len(seconds),
-        "tokens_per_s_repeats": [t / s for t, s in zip(tokens, seconds)],
+    """Throughput (the median over repeats) and latency percentiles over the repeats' requests:
+    ttft (time to first token), itl (the gap between chunks), token_gap (each token's share of
+    the gap before its chunk) and tpot (a request's time after its first chunk per token after it)."""
+    samples = {
+        "ttft": [r.ttft for r in runs],
+        "itl": [g for r in runs for g in r.gaps],
+        "token_gap": [g for r in runs for g in r.token_gaps],
+        "tpot": [t for r in runs if (t := r.tpot) is not None],
     }
+    out = {"tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds))}
+    for name, values in samples.items():
+        values.sort()
+        for q in PERCENTILES:
+            out[f"{name}_p{q}_ms"] = 1000 * _pct(values, q) if values else None
+    chunks = sum(len(r.chunks) for r in runs)
+    out["tokens_per_chunk"] = sum(len(r.token_ids) for r in runs) / chunks if chunks else None
+    out["repeats"] = len(seconds)
+    out["tokens_per_s_repeats"] = [t / s for t, s in zip(tokens, seconds)]
+    return out
 
 
 def paired_ratios(by_arm: dict[str, dict]) -> None:
@@ -230,10 +254,12 @@ async def measure(
 
 
 def report(result: dict, levels: list[int]) -> str:
-    lines = []
+    cpu_ = result.get("config", {}).get("cpu")
+    lines = [f"CPU: {cpu_['model']} ({' '.join(cpu_['vector_extensions']) or 'no vector flags read'})"] if cpu_ else []
     for name, by_level in result["table"].items():
         arms = [a for a in ARMS if any(a in by_level[lv] for lv in by_level)]
-        lines.append(f"\n== {name}: tokens/s (median), x vllm (median of paired repeats) ==")
+        what = "cold: each prompt once in a server's life" if name == "cold" else f"repeat, set {name}"
+        lines.append(f"\n== {what}: tokens/s (median), x vllm (median of paired repeats) ==")
         lines.append(f"{'arm':<14}" + "".join(f"{str(lv) + ' streams':>22}" for lv in levels))
         for arm in arms:
             cells = []
@@ -245,6 +271,7 @@ def report(result: dict, levels: list[int]) -> str:
         if "specdec" in arms and "specdec_off" in arms:  # the load-aware budget: never below off
             cells = [f"{by_level[lv]['specdec']['x']['specdec_off']:.3f}x" for lv in levels]
             lines.append(f"{'x off, paired':<14}" + "".join(f"{c:>22}" for c in cells))
+        if "specdec" in arms and "specdec_off" in arms and name != "cold":
             # A set's first cell (its first repeat, one stream, the set's first wave): the default
             # drafter's suffix cache has seen none of its completions there; later cells serve
             # prompts it has seen many times.
@@ -252,21 +279,27 @@ def report(result: dict, levels: list[int]) -> str:
             ratio = f" ({first['x_first']['vllm']:.2f}x)" if "vllm" in first["x_first"] else ""
             cells = [f"{first['tokens_per_s_repeats'][0]:.1f}{ratio}"] + ["-"] * (len(levels) - 1)
             lines.append(f"{'specdec, 1st':<14}" + "".join(f"{c:>22}" for c in cells))
-        lines.append(
-            f"{'latency ms':<14}" + "".join(f"{'ttft p50/p99 itl p50/p99 tpot p50/p99':>30}" for _ in levels[:1])
-        )
-        for arm in arms:
-            for lv in levels:
-                s = by_level[lv].get(arm)
-                if s and s["itl_p50_ms"] is not None and s["tpot_p50_ms"] is not None:
-                    lines.append(
-                        f"  {arm:<12} {lv:>3} streams  ttft {s['ttft_p50_ms']:7.0f} / {s['ttft_p99_ms']:7.0f}"
-                        f"   itl {s['itl_p50_ms']:6.1f} / {s['itl_p99_ms']:6.1f}"
-                        f"   tpot {s['tpot_p50_ms']:6.1f} / {s['tpot_p99_ms']:6.1f}"
-                    )
+        lines.extend(latency_lines(by_level, arms, levels))
     bad = result["mismatches"]
     lines.append(f"\noutputs equal: {'yes' if not bad else f'NO ({len(bad)} differ: {bad[:4]})'}")
     return "\n".join(lines)
+
+
+def latency_lines(by_level: dict, arms: list[str], levels: list[int]) -> list[str]:
+    """Per arm and level: ms at p50 / p90 / p99 of the time to first token, the gap between
+    chunks and each token's share of it, and the tokens a chunk brought (a round's commit)."""
+    lines = [f"{'latency, ms':<22}{'ttft p50/p90/p99':>22}{'chunk gap':>22}{'token gap':>22}{'tok/chunk':>10}"]
+    for arm in arms:
+        for lv in levels:
+            s = by_level[lv].get(arm)
+            if not s or s["itl_p50_ms"] is None:
+                continue
+            cells = ["/".join(f"{s[f'{name}_p{q}_ms']:.0f}" for q in PERCENTILES) for name in ("ttft", "itl")]
+            cells.append("/".join(f"{s[f'token_gap_p{q}_ms']:.1f}" for q in PERCENTILES))
+            lines.append(
+                f"  {arm:<12}{lv:>3} str" + "".join(f"{c:>22}" for c in cells) + f"{s['tokens_per_chunk']:>10.2f}"
+            )
+    return lines
 
 
 SETS = ("free", "free_heldout", "similar", "similar_heldout")
@@ -286,16 +319,101 @@ def prompt_sets(tokenizer, names: list[str], n: int, max_tokens: int = 0) -> dic
     return out
 
 
+WORKLOADS = ("cold", "repeat")
+
+
 async def run(args) -> dict:
-    """`specdec bench --peer vllm`: start (or reach) the servers, measure, stop them."""
+    """`specdec bench --peer vllm`: the cold workload on fresh servers per repeat, then the repeat
+    workload on one long-lived server of each kind."""
+    from specdec.bench.suite import cold
     from specdec.bench.suite import servers as srv
     from specdec.runtime.models import load_checkpoint_tokenizer
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_checkpoint_tokenizer(args.target_model)
-    sets = prompt_sets(tokenizer, args.peer_sets, args.peer_prompts, args.max_prompt_tokens)
     model_dir = srv.model_directory(args.target_model, out_dir)
+    hf = None if args.no_peer else _transformers_model(model_dir)
+    arms = ["specdec_off", "specdec", "vllm"] + (["vllm_ngram"] if args.peer_ngram else [])
+    result: dict = {"table": {}, "mismatches": []}
+    from tqdm import tqdm
+
+    if "cold" in args.peer_workload:
+        prompts = cold.pool(tokenizer, args.max_prompt_tokens)
+        plan = cold.assign(len(prompts), args.concurrency, args.cold_serial_prompts, args.repeats)
+        reused = args.repeats * sum(cold.per_repeat(args.concurrency, args.cold_serial_prompts).values()) > len(prompts)
+        if reused and args.peer_url:  # a peer we cannot restart must see each prompt once in its life
+            raise SystemExit(f"--peer-url: {args.repeats} repeats need more cold prompts than the {len(prompts)}")
+        warmup = tokenizer(cold.WARMUP_TEXT)["input_ids"]
+        cells = args.repeats * (len(arms) * len(args.concurrency) + (hf is not None and 1 in args.concurrency))
+        with tqdm(total=cells, desc="cold workload", unit="wave", file=sys.stderr) as progress:
+            measured = await cold.measure(
+                _launcher(args, model_dir, out_dir), arms, hf, prompts, plan, args.max_new_tokens, warmup,
+                progress=progress,
+            )  # fmt: skip
+        result["table"].update(measured["table"])
+        result["mismatches"] += measured["mismatches"]
+        result["cold"] = {"prompts": len(prompts), "plan": plan, "prompts_reused_across_repeats": reused}
+    if "repeat" in args.peer_workload:
+        sets = prompt_sets(tokenizer, args.peer_sets, args.peer_prompts, args.max_prompt_tokens)
+        measured = await _repeat(args, model_dir, out_dir, hf, sets)
+        result["table"].update(measured["table"])
+        result["mismatches"] += measured["mismatches"]
+        result["repeat_sets"] = list(sets)
+    from specdec.bench.single_process import _git_commit
+
+    result["config"] = {
+        "workloads": args.peer_workload,
+        "sets": args.peer_sets,
+        "prompts": args.peer_prompts,
+        "cold_serial_prompts": args.cold_serial_prompts,
+        "levels": args.concurrency,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "peer_ngram": args.peer_ngram,
+        "kv_gib": args.peer_kv_gib,
+        "model_dir": str(model_dir),
+        "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "cpu": cpu(),
+    }
+    return result
+
+
+def _launcher(args, model_dir: Path, out_dir: Path):
+    """arm -> a fresh server of that arm, ready, and its stop (`cold.Launch`); a peer reached at
+    --peer-url is the one server that is not started, nor stopped."""
+    from specdec.bench.suite import servers as srv
+
+    async def launch(arm: str):
+        log = out_dir / f"cold-{arm}.log"
+        if arm in ("specdec", "specdec_off"):
+            server = srv.start_specdec(args.target_model, f"{args.peer_kv_gib}GiB", log)
+            if arm == "specdec_off":
+                server.extra = {"speculation": {"disabled": True}}
+        elif args.peer_url and arm == "vllm":
+            server = srv.Server(args.peer_url.rstrip("/"), "")
+            await srv.wait_ready(server, arm, log)  # learns the model it serves
+            return server, lambda: None
+        else:
+            ngram = args.peer_ngram if arm == "vllm_ngram" else 0
+            server = srv.start_vllm(args.peer_python, model_dir, args.peer_kv_gib, log, ngram=ngram)
+        try:
+            await srv.wait_ready(server, arm, log)
+        except BaseException:
+            srv.stop(server)
+            raise
+        return server, lambda: srv.stop(server)
+
+    return launch
+
+
+async def _repeat(args, model_dir: Path, out_dir: Path, hf, sets: dict[str, list[list[int]]]) -> dict:
+    """The repeat workload: every set at every level on one long-lived server of each kind."""
+    from specdec.bench.suite import servers as srv
+
     logs = {name: out_dir / f"{name}.log" for name in ("specdec", "vllm", "vllm_ngram")}
     ours = srv.start_specdec(args.target_model, f"{args.peer_kv_gib}GiB", logs["specdec"])
     peers = {}
@@ -317,34 +435,35 @@ async def run(args) -> dict:
             "specdec": srv.Server(ours.url, ours.model),
             **peers,
         }
-        hf = None if args.no_peer else _transformers_model(model_dir)
         cells = sum(len(args.concurrency) * len(servers) + (hf is not None) for _ in sets) * args.repeats
         from tqdm import tqdm
 
-        with tqdm(total=cells, desc="specdec bench --peer vllm", unit="wave", file=sys.stderr) as progress:
-            result = await measure(
+        with tqdm(total=cells, desc="repeat workload", unit="wave", file=sys.stderr) as progress:
+            return await measure(
                 servers, hf, sets, args.concurrency, args.max_new_tokens, args.repeats, progress=progress
             )
     finally:
         for server in (ours, *peers.values()):
             srv.stop(server)
-    from specdec.bench.single_process import _git_commit
 
-    result["config"] = {
-        "sets": args.peer_sets,
-        "prompts": args.peer_prompts,
-        "levels": args.concurrency,
-        "max_new_tokens": args.max_new_tokens,
-        "repeats": args.repeats,
-        "peer_ngram": args.peer_ngram,
-        "kv_gib": args.peer_kv_gib,
-        "model_dir": str(model_dir),
-        "commit": _git_commit(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-    }
-    return result
+
+_VECTOR_FLAGS = ("avx", "amx", "fma", "f16c", "sse4", "asimd", "sve", "neon")
+
+
+def cpu() -> dict:
+    """The CPU's model and vector extensions (Linux: /proc/cpuinfo; kernels are picked by them)."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Model") and model in ("", platform.processor(), platform.machine()):
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = sorted(f for f in value.split() if f.startswith(_VECTOR_FLAGS))
+    except OSError:
+        pass
+    return {"model": model, "vector_extensions": flags}
 
 
 def _transformers_model(model_dir: Path):

@@ -20,6 +20,7 @@ def test_the_server_comparison_runs_every_arm_and_compares_tokens(tiny_dir, tmp_
         asyncio.run(servers.wait_ready(peer, "the stand-in peer", log))
         argv = [
             "bench", "--peer-url", peer.url, "--target-model", model,
+            "--peer-workload", "cold,repeat", "--cold-serial-prompts", "2",
             "--peer-sets", "free,similar_heldout", "--peer-prompts", "2", "--peer-kv-gib", "1",
             "--concurrency", "1,2", "--repeats", "1", "--max-new-tokens", "6", "--max-prompt-tokens", "32",
             "--out", str(out),
@@ -30,12 +31,14 @@ def test_the_server_comparison_runs_every_arm_and_compares_tokens(tiny_dir, tmp_
     assert peer.process.poll() is not None  # stopped, with every part it started
 
     result = json.loads((out / "peer_vllm.json").read_text())
-    assert code == (0 if not result["mismatches"] else 1)
-    # One stream at a time, every arm computes the same rows alike: outputs must be equal there.
-    # (Two streams batch a tiny random model's near-flat logits, where fp32 rounding may tie.)
-    assert [m for m in result["mismatches"] if m["level"] == 1] == []
+    # Every arm at every level, batched or not, gives the very same tokens for a prompt.
+    assert result["mismatches"] == [] and code == 0
     table = result["table"]
-    assert set(table) == {"free", "similar_heldout"}
+    assert set(table) == {"cold", "free", "similar_heldout"} and result["repeat_sets"] == ["free", "similar_heldout"]
+    # The cold workload: its levels took prompts of their own, each arm a server of its own.
+    (by_level,) = result["cold"]["plan"]
+    assert len(by_level["1"]) == 2 and len(by_level["2"]) == 2 and not set(by_level["1"]) & set(by_level["2"])
+    assert (out / "cold-specdec.log").exists() and (out / "cold-specdec_off.log").exists()
     for by_level in table.values():
         assert set(by_level) == {"1", "2"}
         assert set(by_level["1"]) == {"specdec_off", "specdec", "vllm", "transformers"}
@@ -49,9 +52,15 @@ def test_the_server_comparison_runs_every_arm_and_compares_tokens(tiny_dir, tmp_
                     assert cell["x"][base] == mine[0] / theirs[0], (level, arm, base)
                     assert cell["x_first"][base] == mine[0] / theirs[0], (level, arm, base)
                 if arm != "transformers":  # a streamed arm has chunks to time between
-                    assert cell["itl_p99_ms"] >= cell["itl_p50_ms"] > 0, (level, arm)
-                    assert cell["tpot_p99_ms"] >= cell["tpot_p50_ms"] > 0, (level, arm)
-    assert result["config"]["commit"] and result["config"]["levels"] == [1, 2]
+                    for name in ("itl", "token_gap", "tpot"):
+                        p50, p90, p99 = (cell[f"{name}_p{q}_ms"] for q in (50, 90, 99))
+                        assert p99 >= p90 >= p50 > 0, (level, arm, name)
+                    assert cell["tokens_per_chunk"] >= 1
+    config = result["config"]
+    assert config["commit"] and config["levels"] == [1, 2] and config["cpu"]["model"]
     printed = capsys.readouterr().out
-    assert "== free: tokens/s (median), x vllm (median of paired repeats) ==" in printed
-    assert "x off, paired" in printed and "specdec, 1st" in printed and "outputs equal:" in printed
+    assert "== cold: each prompt once in a server's life: tokens/s (median)" in printed
+    assert "== repeat, set free: tokens/s (median), x vllm (median of paired repeats) ==" in printed
+    assert printed.index("== cold") < printed.index("== repeat")  # the headline first
+    assert f"CPU: {config['cpu']['model']}" in printed and "ttft p50/p90/p99" in printed
+    assert "x off, paired" in printed and "specdec, 1st" in printed and "outputs equal: yes" in printed
