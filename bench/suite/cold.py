@@ -20,7 +20,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 
-from specdec.bench.suite import serving
+from specdec.bench.suite import waves
 from specdec.bench.suite.servers import Server
 
 SET = "cold"
@@ -94,7 +94,7 @@ async def measure(
     reference: dict[int, list[int]] = {}
     mismatches: list[dict] = []
 
-    def record(arm: str, level: int, runs: list[serving.Streamed], seconds: float, ids: list[int]) -> None:
+    def record(arm: str, level: int, runs: list[waves.Streamed], seconds: float, ids: list[int]) -> None:
         cell = raw.setdefault(level, {}).setdefault(arm, ([], [], []))
         cell[0].extend(runs)
         cell[1].append(seconds)
@@ -113,16 +113,16 @@ async def measure(
             server, stop = await launch(arm)
             try:
                 for level, ids in by_level.items():
-                    runs, seconds = await serving.wave(server, [prompts[i] for i in ids], level, new_tokens, warmup)
+                    runs, seconds = await waves.wave(server, [prompts[i] for i in ids], level, new_tokens, warmup)
                     record(arm, level, runs, seconds, ids)
             finally:
                 stop()
         if hf_model is not None and 1 in by_level:
             ids = by_level[1]
             wave = [prompts[i] for i in ids]
-            runs, seconds = await asyncio.to_thread(serving.transformers_wave, hf_model, wave, new_tokens)
+            runs, seconds = await asyncio.to_thread(waves.transformers_wave, hf_model, wave, new_tokens)
             record("transformers", 1, runs, seconds, ids)
-    table = {level: {arm: serving.summarise(*cell) for arm, cell in by_arm.items()} for level, by_arm in raw.items()}
+    table = {level: {arm: waves.summarise(*cell) for arm, cell in by_arm.items()} for level, by_arm in raw.items()}
     for by_arm in table.values():
-        serving.paired_ratios(by_arm)
+        waves.paired_ratios(by_arm)
     return {"table": {SET: table}, "mismatches": mismatches}

@@ -28,6 +28,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -118,6 +119,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=8,
         help="cold prompts one stream sends one after another; N streams send N (default 8)",
     )
+    p.add_argument(
+        "--specdec-flags",
+        default="",
+        help="flags for our `specdec up` in the server comparison, one string (e.g. '--itl-slo-ms 230')",
+    )
     p.add_argument("--peer-prompts", type=int, default=4, help="prompts per set of the repeat workload (default 4)")
     p.add_argument("--peer-kv-gib", type=int, default=2, help="each server's KV cache in GiB (default 2)")
     p.add_argument(
@@ -182,6 +188,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.peer_url:
         args.peer = "vllm"
     args.peer_sets = [name for name in args.peer_sets.split(",") if name]
+    args.specdec_flags = shlex.split(args.specdec_flags)
     args.peer_workload = [name for name in args.peer_workload.split(",") if name]
     if not args.peer_workload or set(args.peer_workload) - set(serving.WORKLOADS):
         p.error(f"--peer-workload: expected some of {', '.join(serving.WORKLOADS)}, got {','.join(args.peer_workload)}")

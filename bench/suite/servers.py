@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,11 +68,13 @@ def _converted(models: Path, target_model: str | None) -> Path:
     return dirs[0]
 
 
-def start_specdec(target_model: str | None, kv_bytes: str, log: Path) -> Server:
+def start_specdec(target_model: str | None, kv_bytes: str, log: Path, flags: Sequence[str] = ()) -> Server:
+    """`specdec up` serving HTTP on a free port; `flags` go to it besides (`--itl-slo-ms 230`)."""
     port = free_port()
     cmd = [sys.executable, "-m", "specdec.cli.app", "up", "--port", "0", "--http-port", str(port)]
     cmd += ["--metrics-port", "0", "--trace-file", "", "--kv-cache-bytes", kv_bytes]
     cmd += ["--target-model", target_model] if target_model else []
+    cmd += list(flags)
     process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     return Server(f"http://127.0.0.1:{port}", "", process=process)
 

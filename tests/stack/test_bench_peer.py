@@ -20,7 +20,7 @@ def test_the_server_comparison_runs_every_arm_and_compares_tokens(tiny_dir, tmp_
         asyncio.run(servers.wait_ready(peer, "the stand-in peer", log))
         argv = [
             "bench", "--peer-url", peer.url, "--target-model", model,
-            "--peer-workload", "cold,repeat", "--cold-serial-prompts", "2",
+            "--peer-workload", "cold,repeat", "--cold-serial-prompts", "2", "--specdec-flags", "--itl-slo-ms 5000",
             "--peer-sets", "free,similar_heldout", "--peer-prompts", "2", "--peer-kv-gib", "1",
             "--concurrency", "1,2", "--repeats", "1", "--max-new-tokens", "6", "--max-prompt-tokens", "32",
             "--out", str(out),
@@ -58,6 +58,7 @@ def test_the_server_comparison_runs_every_arm_and_compares_tokens(tiny_dir, tmp_
                     assert cell["tokens_per_chunk"] >= 1
     config = result["config"]
     assert config["commit"] and config["levels"] == [1, 2] and config["cpu"]["model"]
+    assert config["specdec_flags"] == ["--itl-slo-ms", "5000"]
     printed = capsys.readouterr().out
     assert "== cold: each prompt once in a server's life: tokens/s (median)" in printed
     assert "== repeat, set free: tokens/s (median), x vllm (median of paired repeats) ==" in printed
