@@ -19,6 +19,8 @@ Sampling needs every probability and keeps the full fp32 projection (`specdec.ru
 
 from __future__ import annotations
 
+import platform
+
 import torch
 from torch import nn
 
@@ -28,6 +30,19 @@ from specdec.runtime.projection import HEAD_LABEL, PACK_BATCH_HINT
 _U = 2.0**-8  # bf16 unit roundoff (8 bits of precision)
 _MAX_CANDIDATES = 1 << 16  # recomputed positions per pass beyond which the full product is cheaper
 _BLOCK = 64  # tokens a block of the screen's logits, searched for candidates only past its max
+
+
+def native_bf16_gemm() -> bool:
+    """oneDNN's bf16 GEMM runs on bf16 instructions here. On x86 oneDNN also serves bf16 on plain
+    AVX-512 by converting to fp32 (`_is_mkldnn_bf16_supported` says yes there): that screen reads
+    half the bytes but is 1.6-3.8x slower than the fp32 product from 2 rows up (a Xeon without
+    AVX-512 BF16 or AMX, 262,144 x 640: 2 rows 34 ms against 24, 64 rows 397 against 104), so x86
+    needs AVX-512 BF16 or AMX. Elsewhere (Arm) oneDNN answers yes only with the BF16 extension."""
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return False
+    if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return True
 
 
 class GreedyHead:
@@ -50,16 +65,15 @@ class GreedyHead:
 
     @staticmethod
     def supported(head: nn.Module) -> bool:
-        """A plain fp32 linear layer on a CPU whose oneDNN build has a bf16 GEMM: where the screen
-        is faster than the full product (it is exact on any CPU)."""
+        """A plain fp32 linear layer on a CPU with bf16 instructions: where the screen is faster
+        than the full product (it is exact on any CPU)."""
         weight = getattr(head, "weight", None)
         return (
             isinstance(head, nn.Linear)
             and weight is not None
             and weight.device.type == "cpu"
             and weight.dtype == torch.float32
-            and torch.backends.mkldnn.is_available()
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            and native_bf16_gemm()
         )
 
     @torch.inference_mode()

@@ -3,6 +3,10 @@ bf16 cannot tell the top tokens apart, and the verifier uses it only where it is
 
 from __future__ import annotations
 
+import platform
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -22,10 +26,15 @@ def _head(vocab: int, d: int, bias: bool, seed: int) -> nn.Linear:
     return head.requires_grad_(False)
 
 
-def test_the_verifier_screens_only_plain_fp32_heads_on_a_cpu_with_a_bf16_gemm():
+def test_the_verifier_screens_only_plain_fp32_heads_on_a_cpu_with_bf16_instructions():
     """The screen is exact anywhere (the tests below run it on this CPU, whatever it has) but
-    faster than the full product only with oneDNN's bf16 GEMM: only there is it chosen."""
+    faster than the full product only where bf16 runs on its own instructions, not converted to
+    fp32 (x86 without AVX-512 BF16 or AMX): only there is it chosen."""
     fast = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() == "x86_64" and cpuinfo.exists():
+        flags = set(re.search(r"^flags\s*:(.*)$", cpuinfo.read_text(), re.M).group(1).split())
+        fast = fast and bool(flags & {"avx512_bf16", "amx_bf16"})
     assert GreedyHead.supported(nn.Linear(8, 16)) == fast
     assert not GreedyHead.supported(nn.Linear(8, 16).to(torch.bfloat16))
     assert not GreedyHead.supported(nn.Embedding(16, 8))
