@@ -318,7 +318,14 @@ class PolicySettings(Protocol):
 class RoundPlan(NamedTuple):
     k: int  # the round's most drafts
     model_k: int | None  # the most a draft model may propose, when below k; None: k
-    why: str  # what set k: "fixed", "adaptive", "probe", "load" or "slo" (the round span's k_policy)
+    why: str  # what set k: "fixed", "prefill", "adaptive", "probe", "load" or "slo" (the round span's k_policy)
+
+
+# A request's first round carries its prompt's prefill and drafts nothing: its pass starts at once
+# rather than after a proposal over the whole prompt, so the first token reaches the client a
+# draft call sooner. Under load the draft tier meets every new prompt at once: on cold prompts the
+# median time to first token fell by 18-52 % at 16 streams and 3-24 % at 64 (docs/performance.md).
+PREFILL = RoundPlan(0, None, "prefill")
 
 
 class DraftLengthPolicy:

@@ -29,7 +29,7 @@ from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
 from specdec.coordinator import observe
-from specdec.coordinator.adaptive import CostModel, DraftLengthPolicy, RoundPlan
+from specdec.coordinator.adaptive import PREFILL, CostModel, DraftLengthPolicy, RoundPlan
 from specdec.coordinator.chat import ChatMessage, ChatTemplate
 from specdec.coordinator.drafting import Drafts, DraftSide, Proposer
 from specdec.coordinator.text import OutputText
@@ -243,7 +243,9 @@ class SpeculativeEngine:
         try:
             while True:
                 cap = g.draft_room(len(g.tokens))
-                committed = await self._round(g, cap, g.policy.plan(cap, self.running))
+                first = g.stats.rounds == 0 and not g.policy.fixed  # a fixed k drafts from the start
+                planned = PREFILL if first else g.policy.plan(cap, self.running)
+                committed = await self._round(g, cap, planned)
                 g.tokens.extend(committed.token_ids)
                 if first_token_s is None and committed.token_ids:
                     first_token_s = self.clock() - started

@@ -252,7 +252,7 @@ def _adaptive_run(tiny, proposer, base_s: float = 0.004, tokens: int = 40, pipel
 def test_adaptive_engine_stops_drafting_what_is_rejected_and_keeps_the_output(tiny):
     result, verifier = _adaptive_run(tiny, lambda target, clock: WrongDrafter(ModelDrafter(target)))
     drafted = [n - 1 for n in verifier.positions]
-    assert drafted[0] > 0  # the prior (alpha 0.5) drafts
+    assert drafted[0] == 0 and drafted[1] > 0  # the prefill round drafts nothing, then the prior (alpha 0.5) does
     later = drafted[len(drafted) // 2 :]
     assert (
         max(later) <= 1 and later.count(0) >= len(later) - len(later) // 8 - 1

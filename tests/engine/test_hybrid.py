@@ -175,7 +175,8 @@ def test_the_server_reads_hybrid_specs(tiny_dir):
 def test_the_in_process_engine_builds_a_hybrid(target, draft):
     from specdec.local.in_process import build_engine
 
-    engine = build_engine(target, draft, EngineConfig(max_draft_tokens=4), hybrid=True)
+    # A fixed k: the first round drafts, where the prompt's own repeat (5 17 42) is the lookup's.
+    engine = build_engine(target, draft, EngineConfig(max_draft_tokens=4, adaptive=False), hybrid=True)
     assert isinstance(engine.proposer.drafter, HybridDrafter)
     result = asyncio.run(
         engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=16, max_draft_tokens=4))
