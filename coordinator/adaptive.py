@@ -323,8 +323,8 @@ class RoundPlan(NamedTuple):
 
 # A request's first round carries its prompt's prefill and drafts nothing: its pass starts at once
 # rather than after a proposal over the whole prompt, so the first token reaches the client a
-# draft call sooner. Under load the draft tier meets every new prompt at once: on cold prompts the
-# median time to first token fell by 18-52 % at 16 streams and 3-24 % at 64 (docs/performance.md).
+# draft call sooner; under load the draft tier meets every new prompt at once (measured in
+# docs/performance.md, "Headline").
 PREFILL = RoundPlan(0, None, "prefill")
 
 

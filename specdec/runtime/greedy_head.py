@@ -35,8 +35,7 @@ _BLOCK = 64  # tokens a block of the screen's logits, searched for candidates on
 def native_bf16_gemm() -> bool:
     """oneDNN's bf16 GEMM runs on bf16 instructions here. On x86 oneDNN also serves bf16 on plain
     AVX-512 by converting to fp32 (`_is_mkldnn_bf16_supported` says yes there): that screen reads
-    half the bytes but is 1.6-3.8x slower than the fp32 product from 2 rows up (a Xeon without
-    AVX-512 BF16 or AMX, 262,144 x 640: 2 rows 34 ms against 24, 64 rows 397 against 104), so x86
+    half the bytes but is slower than the fp32 product from 2 rows up (docs/performance.md), so x86
     needs AVX-512 BF16 or AMX. Elsewhere (Arm) oneDNN answers yes only with the BF16 extension."""
     if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         return False
