@@ -80,6 +80,10 @@ class TargetVerifier:
         model, head = loaded.model, loaded.model.get_output_embeddings()
         screens = splits(model) and final_softcap(model) is None and GreedyHead.supported(head)
         self.greedy_head = GreedyHead(head) if screens else None
+        # Elsewhere greedy passes reduce the fp32 product to its argmax slice by slice
+        # (`projection.VOCAB_SLICE`), never holding the kept rows' whole logits; a final softcap
+        # could tie logits the product tells apart, so it keeps the logits.
+        self.sliced_argmax = splits(model) and final_softcap(model) is None and hasattr(head, "argmax")
         self.scheduler = Scheduler(
             self.pool,
             sessions,
@@ -187,12 +191,15 @@ class TargetVerifier:
 
     def _pass(self, rows: list[Row], greedy: bool) -> torch.Tensor:
         """The logits of the kept positions, (kept, vocab), or, when `greedy` and the head screens
-        (`GreedyHead`), just their argmax, (kept,)."""
+        (`GreedyHead`) or is reduced slice by slice (`sliced_argmax`), just their argmax, (kept,)."""
         model = self.loaded.model
-        if self.greedy_head is None or not greedy:
+        if not greedy or (self.greedy_head is None and not self.sliced_argmax):
             return ragged_forward(model, self.pool, rows, self.decoder)
         hidden = ragged_hidden(model, self.pool, rows, self.decoder)  # (kept, d)
-        return self.greedy_head.argmax(hidden, lambda h: head_logits(model, h))
+        if self.greedy_head is not None:
+            return self.greedy_head.argmax(hidden, lambda h: head_logits(model, h))
+        argmax = model.get_output_embeddings().argmax(hidden)
+        return argmax if argmax is not None else greedy_decisions(head_logits(model, hidden))
 
     def _decide(
         self, items: Sequence[VerifyItem], deciding: list[ScheduledRow], out: torch.Tensor, results: list

@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from specdec.core.errors import NonFiniteLogits
+
 # Causal LMs whose forward is: base model -> keep rows -> lm_head (-> optional final softcap).
 _KNOWN = {"llama", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "mistral", "qwen2", "qwen3", "phi3"}
 HEAD_LABEL = "specdec.head"  # the output projection's range in a torch profile (bench/pass_profile.py)
@@ -39,6 +41,10 @@ _MAX_COLUMN_ROWS = 64  # beyond, F.linear's GEMM kernels are the better choice a
 # 1-2 rows depends on the machine (docs/performance.md); 3 gives those rows to the columns.
 _PACKED_MIN_ROWS = 1
 PACK_BATCH_HINT = 5  # rows oneDNN lays the packed weight out for: a verify pass with 4 drafts (a hint; any rows run)
+# Outputs per packed slice of a weight. A vocabulary projection's product is made slice by slice
+# (and its argmax reduced slice by slice): as fast as one product from 1 row and faster from a
+# few (docs/performance.md); layers narrower than a slice are one.
+VOCAB_SLICE = 32_768
 
 
 def forward_logits(
@@ -117,21 +123,61 @@ class _ColumnLinear(nn.Linear):
         rows = x.numel() // x.shape[-1]
         # A mismatched x goes to column_linear too, whose error names the shapes (oneDNN's does not).
         if rows >= _PACKED_MIN_ROWS and x.shape[-1] == self.in_features and _packable(x, self.weight):
-            packed = self._packed_weight()
-            if packed is not None:
+            slices = self._packed_weight()
+            if slices is not None:
                 flat = x.reshape(rows, x.shape[-1]).contiguous()
-                out = torch.ops.mkldnn._linear_pointwise(flat, packed, self.bias, "none", [], "")
+                parts = [self._slice_product(flat, start, packed) for start, packed in slices]
+                out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
                 return out.reshape(*x.shape[:-1], out.shape[-1])
         return column_linear(x, self.weight, self.bias)
 
-    def _packed_weight(self) -> torch.Tensor | None:
-        key = (self.weight.data_ptr(), self.weight._version, self.weight.shape)
+    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+        """(rows,) argmax of this layer's output for x (rows, in_features), ties to the lowest
+        index as `torch.argmax` breaks them, computed a slice of outputs at a time (`VOCAB_SLICE`:
+        a slice's products are reduced while in cache, and the rows x out_features product is never
+        held). None where the packed path does not serve x. A row whose outputs hold a NaN or an
+        infinity has no argmax to give: `NonFiniteLogits` names those rows."""
+        slices = self._packed_weight() if _packable(x, self.weight) and x.shape[-1] == self.in_features else None
+        if slices is None:
+            return None
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        best = index = None
+        nan = torch.zeros(flat.shape[0], dtype=torch.bool)
+        for start, packed in slices:
+            value, at = self._slice_product(flat, start, packed).max(dim=-1)  # the first maximum of the slice
+            nan |= value.isnan()
+            if best is None:
+                best, index = value, at + start
+            else:
+                later = value > best  # strict: on a tie the earlier slice's (lower) index stays
+                best, index = torch.where(later, value, best), torch.where(later, at + start, index)
+        bad = nan | ~best.isfinite()
+        if bool(bad.any()):
+            raise NonFiniteLogits(torch.nonzero(bad).flatten().tolist())
+        return index
+
+    def _slice_product(self, flat: torch.Tensor, start: int, packed: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias[start : start + VOCAB_SLICE]
+        return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+
+    def _packed_weight(self) -> list[tuple[int, torch.Tensor]] | None:
+        """The weight packed in slices of `VOCAB_SLICE` outputs, each with its first output's
+        index (one slice for any layer but a vocabulary projection)."""
+        key = (self.weight.data_ptr(), self.weight._version, self.weight.shape, VOCAB_SLICE)
         cached = self.__dict__.get("_packed")  # not a buffer: no state dict entry, never moved by .to()
         if cached is None or cached[0] != key:
+            weight = self.weight.detach()
             try:
-                cached = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_BATCH_HINT))
+                slices = [
+                    (
+                        start,
+                        torch.ops.mkldnn._reorder_linear_weight(weight[start : start + VOCAB_SLICE], PACK_BATCH_HINT),
+                    )
+                    for start in range(0, weight.shape[0], VOCAB_SLICE)
+                ]
             except (RuntimeError, AttributeError):  # a build without oneDNN: columns it is
-                cached = (key, None)
+                slices = None
+            cached = (key, slices)
             self.__dict__["_packed"] = cached
         return cached[1]
 

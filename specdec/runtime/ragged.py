@@ -12,8 +12,9 @@ transformers attention function (`specdec_paged`) that, per layer:
    sliding-window layer, only the last `window` of them).
 
 Rows are grouped so attention does not pad a short row to a prefill's length: rows of at most
-`_SHORT` new tokens (decode and verify) share one batched attention, padded to the longest
-context among them; each longer row (a prefill chunk) attends alone. Padded keys read the pool's
+`_SHORT` new tokens (decode and verify) share batched attentions, each group padded to the
+longest context among its rows and formed of rows of similar context (`context_groups`); each
+longer row (a prefill chunk) attends alone. Padded keys read the pool's
 null block (zeros) and are masked; padded query rows see key 0 only, so no softmax row is empty.
 
 A model switched to `specdec_paged` still runs normally (SDPA with transformers' masks) when a
@@ -38,6 +39,10 @@ from specdec.runtime.projection import forward_hidden, forward_logits
 
 IMPLEMENTATION = "specdec_paged"
 _SHORT = 16  # rows with at most this many new tokens attend together
+# A group's fixed cost and a gathered key's, in units of one query attending to one key
+# (`context_groups`; the per-key and per-group times behind them: docs/performance.md).
+_GATHER_QUERIES = 5
+_GROUP_COST = 600
 
 
 @dataclass
@@ -194,8 +199,39 @@ def _groups(pool: KVBlockPool, rows: Sequence[Row]) -> list[_Group]:
         offsets.append(total)
         total += len(row.tokens)
     short = [i for i, row in enumerate(rows) if len(row.tokens) <= _SHORT]
-    members = ([short] if short else []) + [[i] for i, row in enumerate(rows) if len(row.tokens) > _SHORT]
+    by_context = [[short[i] for i in part] for part in context_groups([rows[i] for i in short])]
+    members = by_context + [[i] for i, row in enumerate(rows) if len(row.tokens) > _SHORT]
     return [_group(pool, [rows[i] for i in m], [offsets[i] for i in m]) for m in members]
+
+
+def context_groups(rows: Sequence[Row]) -> list[list[int]]:
+    """Short rows (indexes into `rows`) split into groups of similar context length.
+
+    A group gathers every row's keys padded to its longest context and attends to all of them,
+    so one group over contexts of 30 and 300 positions reads 300 keys for both rows. Splitting
+    costs a group's fixed work (its gathers and attention call, per layer). With rows sorted by
+    context, the cheapest split into consecutive runs is a shortest path over split points:
+    cost(group) = _GROUP_COST + rows * longest context * (queries + _GATHER_QUERIES), the
+    gather of a key and its attention by each padded query (docs/performance.md)."""
+    if not rows:
+        return []
+    order = sorted(range(len(rows)), key=lambda i: rows[i].table.length)
+    lengths = [rows[i].table.length for i in order]
+    queries = [len(rows[i].tokens) for i in order]
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: the cheapest split of order[:j]
+    start = [0] * (len(order) + 1)  # where the last group of that split begins
+    for j in range(1, len(order) + 1):
+        widest = 0
+        for i in range(j - 1, -1, -1):  # the group order[i:j], its longest context lengths[j - 1]
+            widest = max(widest, queries[i])
+            cost = best[i] + _GROUP_COST + (j - i) * lengths[j - 1] * (widest + _GATHER_QUERIES)
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    groups, j = [], len(order)
+    while j:
+        groups.append(order[start[j] : j])
+        j = start[j]
+    return groups[::-1]
 
 
 def _group(pool: KVBlockPool, rows: list[Row], offsets: list[int]) -> _Group:

@@ -14,6 +14,7 @@ from torch import nn
 from specdec.core.acceptance import DraftProposal
 from specdec.core.errors import NonFiniteLogits
 from specdec.core.sampling import SamplingParams
+from specdec.runtime import projection
 from specdec.runtime.greedy_head import GreedyHead
 from specdec.target_service.verifier import TargetVerifier, VerifyItem
 
@@ -152,3 +153,32 @@ def test_the_verifier_screens_greedy_passes_and_keeps_full_logits_for_sampled(ti
         [VerifyItem(f"both-{i}", prompt, DraftProposal([9, 9]), s) for i, s in enumerate((greedy, sampled))]
     )
     assert [v.accepted_ids for v in together] == [v.accepted_ids for v in alone]
+
+
+@torch.inference_mode()
+def test_greedy_rounds_reduced_slice_by_slice_decide_as_the_full_logits_do(tiny, monkeypatch):
+    """The sliced argmax (a head of several vocabulary slices here) and the full product's argmax
+    accept the same tokens, over drafts that are right, wrong and both."""
+    monkeypatch.setattr(projection, "VOCAB_SLICE", 64)
+    loaded = tiny("llama", 1)
+    verifier = TargetVerifier(loaded, kv_cache_bytes=4 * MiB)
+    verifier.greedy_head = None
+    assert verifier.sliced_argmax
+    if torch.backends.mkldnn.is_available():
+        assert len(loaded.model.get_output_embeddings()._packed_weight()) == 5  # 259 tokens
+    prompts = [list(range(5 + i, 25 + 2 * i)) for i in range(4)]
+    drafts = [[], [9, 9], [17, 3, 3], [40]]
+
+    def rounds(sliced: bool, tag: str) -> list[list[int]]:
+        verifier.sliced_argmax = sliced
+        items = [
+            VerifyItem(f"{tag}-{i}", p, DraftProposal(d), SamplingParams())
+            for i, (p, d) in enumerate(zip(prompts, drafts))
+        ]
+        return [v.accepted_ids for v in verifier.verify_batch(items)]
+
+    sliced, full = rounds(True, "sliced"), rounds(False, "full")
+    assert sliced == full
+    # The drafts the target agrees with are accepted: rerun with the target's own tokens as drafts.
+    drafts = [list(ids) for ids in full]
+    assert all(len(ids) == len(d) + 1 for ids, d in zip(rounds(True, "own"), drafts))

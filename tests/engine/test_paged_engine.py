@@ -12,7 +12,7 @@ from specdec.core.sampling import SamplingParams
 from specdec.core.session_store import SessionStore
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape
 from specdec.runtime.projection import forward_logits
-from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
+from specdec.runtime.ragged import Row, context_groups, ragged_forward, use_paged_attention
 from specdec.target_service.scheduler import cached_tokens
 from specdec.target_service.verifier import ItemRejected, TargetVerifier, VerifyItem
 
@@ -61,6 +61,21 @@ def test_a_ragged_pass_equals_plain_forwards(tiny, kind):
     pool.truncate(tables[1], 21)  # mid-block: positions 21.. are rewritten
     del contexts[1][21:]
     run([[14], [15, 16], [17], [18, 19, 20, 21]], [1, 2, 1, 4])
+
+
+def test_short_rows_attend_in_groups_of_similar_context():
+    """Each group pads its rows to its longest context: rows of 20 and 400 positions attend apart,
+    rows of nearly one length together, and every row is in exactly one group."""
+
+    def rows(*lengths: int, tokens: int = 1) -> list[Row]:
+        return [Row(BlockTable(length=n), [0] * tokens, tokens) for n in lengths]
+
+    assert context_groups(rows(400, 20, 410, 22)) == [[1, 3], [0, 2]]
+    assert context_groups(rows(100, 101, 99, 102)) == [[2, 0, 1, 3]]
+    assert context_groups(rows(7)) == [[0]] and context_groups([]) == []
+    mixed = rows(*range(10, 1000, 37), tokens=5)
+    groups = context_groups(mixed)
+    assert sorted(i for g in groups for i in g) == list(range(len(mixed))) and 1 < len(groups) < len(mixed)
 
 
 def test_blocks_are_taken_and_returned_whole():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from specdec.core.errors import NonFiniteLogits
 from specdec.runtime import projection
 from specdec.runtime.projection import _ColumnLinear, column_linear, forward_logits, use_column_kernels
 
@@ -103,3 +104,43 @@ def test_the_packed_path_can_be_turned_off(monkeypatch):
     with torch.no_grad():
         layer(torch.randn(5, 4))
     assert "_packed" not in layer.__dict__
+
+
+def _sliced(out_features: int, in_features: int, monkeypatch) -> nn.Linear:
+    """A packed layer whose outputs span several slices, the last one short."""
+    monkeypatch.setattr(projection, "VOCAB_SLICE", 16)
+    layer = _linear(out_features, in_features, out_features)
+    nn.init.normal_(layer.bias)
+    return layer
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the sliced product is oneDNN's")
+@pytest.mark.parametrize("rows", [1, 5, 33])
+@torch.no_grad()
+def test_a_vocabulary_projection_is_made_and_reduced_slice_by_slice(rows, monkeypatch):
+    layer = _sliced(100, 24, monkeypatch)
+    x = torch.randn(rows, 24, generator=torch.Generator().manual_seed(rows))
+    full = nn.functional.linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(layer(x), full, rtol=1e-5, atol=1e-4)
+    assert [start for start, _ in layer._packed_weight()] == [0, 16, 32, 48, 64, 80, 96]
+    assert torch.equal(layer.argmax(x), full.argmax(-1))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the sliced product is oneDNN's")
+@torch.no_grad()
+def test_the_sliced_argmax_takes_the_lowest_of_tied_ids_and_names_rows_without_one(monkeypatch):
+    layer = _sliced(100, 8, monkeypatch)
+    layer.bias.zero_()
+    layer.weight.mul_(0.01)
+    for tied in (40, 3, 45):  # two slices and, within the later one, two positions
+        layer.weight[tied] = 1.0
+    x = torch.ones(2, 8)
+    assert layer.argmax(x).tolist() == [3, 3]
+    x[1, 2] = float("nan")
+    with pytest.raises(NonFiniteLogits) as raised:
+        layer.argmax(x)
+    assert raised.value.rows == [1]
+    x[1, 2], x[0, 0] = 1.0, float("inf")
+    with pytest.raises(NonFiniteLogits) as raised:
+        layer.argmax(x)
+    assert raised.value.rows == [0]
