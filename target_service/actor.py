@@ -40,6 +40,7 @@ from specdec.core.session_store import SessionStore
 from specdec.core.settings import setting
 from specdec.drafts.loading import load_model
 from specdec.runtime.compiled import COMPILE_MODES
+from specdec.runtime.paged_gemma3 import decoder_name
 from specdec.target_service import metrics
 from specdec.target_service.lookahead import Ahead, plain
 from specdec.target_service.protocol import VerifyReply, VerifyRequest
@@ -117,6 +118,11 @@ class TargetActor:
         self.verifier = TargetVerifier(
             self.loaded, store, config.kv_cache_bytes, config.max_pass_tokens, compile_mode=config.compile
         )
+        decoder = decoder_name(self.loaded.model)
+        metrics.DECODER.info({"decoder": decoder, "model_type": self.loaded.model.config.model_type})
+        log.info(
+            "target %s (%s) runs on the %s decoder", self.loaded.name, self.loaded.model.config.model_type, decoder
+        )
         # Passes timed before any round, for the coordinators' draft-length policy (`info`).
         self.pass_seconds = self.verifier.profile_passes()
         self._queue: list[_Round] = []
@@ -178,6 +184,7 @@ class TargetActor:
             "peaks": dict(self.peaks),
             "kv_block_size": self.verifier.pool.block_size,
             "compile": self.config.compile,
+            "decoder": decoder_name(self.loaded.model),
             **self.load(),
             "max_sessions": self.config.max_sessions,
             "max_cached_tokens": self.config.max_cached_tokens,

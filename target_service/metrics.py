@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Info
 
 from specdec.telemetry.metrics import BATCH_BUCKETS, LATENCY_BUCKETS
 
@@ -34,3 +34,4 @@ KV_PREEMPTIONS = Counter(
     "Sessions dropped to free KV blocks for a pass (their next round is a miss the pool resends)",
 )
 OVERLOADED = Counter("specdec:target_overloaded", "Rounds refused because the queue was full (placed elsewhere)")
+DECODER = Info("specdec:target_decoder", "The decoder that runs the target's passes: fused, or transformers' modules")

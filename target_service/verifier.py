@@ -41,7 +41,7 @@ from specdec.runtime.greedy_head import GreedyHead
 from specdec.runtime.kv_pool import PagedSession
 from specdec.runtime.models import LoadedModel
 from specdec.runtime.projection import final_softcap, head_logits, splits
-from specdec.runtime.ragged import IMPLEMENTATION, Row, paged_pool, ragged_forward, ragged_hidden
+from specdec.runtime.ragged import Row, paged_pool, ragged_forward, ragged_hidden
 from specdec.target_service.scheduler import (
     DEFAULT_PASS_TOKENS,
     ItemRejected,
@@ -72,7 +72,7 @@ class TargetVerifier:
         self.pool = paged_pool(loaded.model, kv_cache_bytes)
         # Decode-shaped passes through a compiled decoder (`--compile`), compiled here, before the
         # first round: a first pass that paid the compilation would read as a slow verify.
-        self.decoder = compile_decoder(loaded.model, compile_mode, IMPLEMENTATION)
+        self.decoder = compile_decoder(loaded.model, compile_mode, loaded.model.config._attn_implementation)
         if self.decoder is not None:
             self._warm_up()
         # Greedy passes find the argmax through a bf16 screen of the output projection (exact:

@@ -13,7 +13,7 @@ from tiny import make_tiny_model  # noqa: E402
 from specdec.drafts.loading import load_model
 from specdec.runtime.models import LoadedModel  # noqa: E402
 
-TINY_KINDS = ("llama", "gpt2", "gemma3")
+TINY_KINDS = ("llama", "gpt2", "gemma3", "gemma2")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Tiny random causal LMs (llama, gpt2, gemma3) for the tests, on the benchmarks' byte-level
+"""Tiny random causal LMs (llama, gpt2, gemma3, gemma2) for the tests, on the benchmarks' byte-level
 tokenizer and initialisation (specdec.bench.tiny_llama), so `load_model(str(path))` loads each
 through the same path as a real model.
 """
@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+)
 
 from specdec.bench.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the ids the tests read
     BOS_ID,
@@ -21,7 +29,7 @@ from specdec.bench.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the ids t
     save_random,
 )
 
-KINDS = ("llama", "gpt2", "gemma3")
+KINDS = ("llama", "gpt2", "gemma3", "gemma2")
 
 
 def make_tiny_model(
@@ -36,8 +44,8 @@ def make_tiny_model(
     """Save a random `kind` model (hidden 64, 4 heads, 256 positions) with the byte tokenizer.
 
     `vocab_size` defaults to the tokenizer's 259; a larger one pads the output projection the way
-    real checkpoints do. For gemma3, layers alternate sliding (window `sliding_window`) and full
-    attention, ending with a full one.
+    real checkpoints do. For gemma3 and gemma2, layers alternate sliding (window `sliding_window`)
+    and full attention, ending with a full one; gemma2 soft-caps its attention and final logits.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {KINDS}")
@@ -51,13 +59,12 @@ def make_tiny_model(
         return save_random(config, GPT2LMHeadModel, out_dir, seed=seed, add_bos=False)
     layer_types = ["full_attention" if i % 2 else "sliding_attention" for i in range(num_layers)]
     layer_types[-1] = "full_attention"
-    config = Gemma3TextConfig(
+    gemma = dict(
         vocab_size=vocab_size,
         hidden_size=HIDDEN,
         intermediate_size=4 * HIDDEN,
         num_hidden_layers=num_layers,
         num_attention_heads=HEADS,
-        num_key_value_heads=1,  # multi-query, as in Gemma 3 270M
         head_dim=HIDDEN // HEADS,
         query_pre_attn_scalar=HIDDEN // HEADS,
         sliding_window=sliding_window,
@@ -65,6 +72,11 @@ def make_tiny_model(
         max_position_embeddings=MAX_POSITIONS,
         **IDS,
     )
+    if kind == "gemma2":
+        # Grouped-query, and caps low enough to bind on a random model's logits, so a missing cap shows.
+        config = Gemma2Config(num_key_value_heads=2, attn_logit_softcapping=0.1, final_logit_softcapping=5.0, **gemma)
+        return save_random(config, Gemma2ForCausalLM, out_dir, seed=seed)
+    config = Gemma3TextConfig(num_key_value_heads=1, **gemma)  # multi-query, as in Gemma 3 270M
     return save_random(config, Gemma3ForCausalLM, out_dir, seed=seed)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -186,11 +187,25 @@ def _cmd_generate(args) -> int:
         print(f"invalid argument: {e}", file=sys.stderr)
         return 2
     response = response_to_proto(result)
-    print(json_format.MessageToJson(response) if args.json else result.text)
+    if args.json:
+        print(json.dumps(_with_decoders(json_format.MessageToDict(response), target, draft), indent=2))
+    else:
+        print(result.text)
     print(
         "\n" + _summary(response, seconds, f"target {target.name}, draft {drafter}"), file=sys.stderr
     )  # stderr: stdout stays JSON with --json
     return 0
+
+
+def _with_decoders(reply: dict, target, draft) -> dict:
+    """The response as JSON with the decoders that ran it named: `targetDecoder`, and
+    `draftDecoder` where a draft model drafted ("fused" or "transformers")."""
+    from specdec.runtime.paged_gemma3 import decoder_name
+
+    reply["targetDecoder"] = decoder_name(target.model)
+    if draft is not None:
+        reply["draftDecoder"] = decoder_name(draft.model)
+    return reply
 
 
 async def call_coordinator(

@@ -119,9 +119,18 @@ def _load(
     tokenizer = _tokenizer(source, name, local)
     # sdpa and eager both give the same greedy tokens batched (left-padded) and unbatched for
     # Gemma 3 270M in fp32 (measured); sdpa is the fused kernel, so it is the one we pick.
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=dtype, attn_implementation="sdpa", local_files_only=local
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation="sdpa", local_files_only=local
+        )
+    except ValueError as error:
+        # A family transformers serves only with its eager attention (Gemma 2: soft-capped
+        # attention logits); the engine swaps in paged attention either way.
+        if "attention implementation" not in str(error) and "sdpa" not in str(error).lower():
+            raise
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation="eager", local_files_only=local
+        )
     model.to(device).eval().requires_grad_(False)
     use_column_kernels(model)  # CPU: faster few-row products (specdec/runtime/projection.py); elsewhere none
     if pack:

@@ -62,6 +62,12 @@ def paged_decoder(model: PreTrainedModel):
     return model.__dict__[_ATTR]
 
 
+def decoder_name(model: PreTrainedModel) -> str:
+    """Which decoder runs `model`'s paged passes: "fused" (this module's) or "transformers" (the
+    model's own modules, exact for any family, slower)."""
+    return "fused" if paged_decoder(model) is not None else "transformers"
+
+
 def serves(model: PreTrainedModel) -> bool:
     """A Gemma 3 text model this decoder computes exactly as transformers does."""
     config = model.config

@@ -23,13 +23,14 @@ forward carries no pass layout: the draft tier, references in tests and HF `gene
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
 from specdec.core import tree
 from specdec.runtime.compiled import Decoder
@@ -38,6 +39,9 @@ from specdec.runtime.paged_gemma3 import paged_decoder
 from specdec.runtime.projection import forward_hidden, forward_logits
 
 IMPLEMENTATION = "specdec_paged"
+# Models that soft-cap attention logits (Gemma 2): SDPA cannot, so forwards without a pass
+# layout run the model's own eager attention, on the additive masks it expects.
+SOFTCAP_IMPLEMENTATION = "specdec_paged_softcap"
 _SHORT = 16  # rows with at most this many new tokens attend together
 # A group's fixed cost and a gathered key's, in units of one query attending to one key
 # (`context_groups`; the per-key and per-group times behind them: docs/performance.md).
@@ -107,10 +111,12 @@ class PassLayout:
         value: torch.Tensor,
         scaling: float | None,
         window: int | None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Layer `layer`'s attention for the pass: the new keys and values written to their pool
-        slots, then each group's queries over its rows' keys. Returns (T, H, d). Transformers'
-        modules reach it through `paged_attention`, Gemma 3's paged decoder directly."""
+        slots, then each group's queries over its rows' keys, their logits soft-capped at
+        `softcap` when given. Returns (T, H, d). Transformers' modules reach it through
+        `paged_attention`, Gemma 3's paged decoder directly."""
         keys, values = self.pool.keys[layer], self.pool.values[layer]
         keys.index_copy_(0, self.new_slots, key.to(keys.dtype))
         values.index_copy_(0, self.new_slots, value.to(values.dtype))
@@ -121,9 +127,12 @@ class PassLayout:
             q = query.index_select(0, group.query_index).view(b, n, heads, dim).transpose(1, 2)
             k = keys.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
             v = values.index_select(0, group.slots).view(b, c, kv_heads, dim).transpose(1, 2)
-            attended = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=group.mask(window), scale=scaling, enable_gqa=heads != kv_heads
-            )  # (b, H, n, d)
+            if softcap is None:
+                attended = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=group.mask(window), scale=scaling, enable_gqa=heads != kv_heads
+                )  # (b, H, n, d)
+            else:
+                attended = softcapped_attention(q, k, v, group.mask(window), scaling, softcap)
             attended = attended.transpose(1, 2).reshape(b * n, heads, dim)
             out.index_copy_(0, group.packed, attended.index_select(0, group.valid))
         return out
@@ -287,6 +296,20 @@ def _tree_visibility(row: Row, queries: int, keys: int) -> tuple[torch.Tensor, t
     return visible, key_pos
 
 
+def softcapped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float | None, softcap: float
+) -> torch.Tensor:
+    """Attention with logits capped at softcap * tanh(logits / softcap), as transformers' eager
+    attention computes it (Gemma 2): q (b, H, n, d), k and v (b, Hkv, c, d), mask (b, 1, n, c)
+    True where a query sees a key. Returns (b, H, n, d)."""
+    repeats = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    logits = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scaling is None else scaling)
+    logits = torch.tanh(logits / softcap) * softcap
+    logits = logits.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype), v)
+
+
 def paged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # (1, H, T, d)
@@ -296,26 +319,33 @@ def paged_attention(
     scaling: float | None = None,
     sliding_window: int | None = None,
     specdec_pass: PassLayout | None = None,
+    softcap: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     if specdec_pass is None:
+        if softcap is not None:  # the model's own eager attention (its module defines one)
+            eager = sys.modules[type(module).__module__].eager_attention_forward
+            return eager(module, query, key, value, attention_mask, scaling=scaling, softcap=softcap, **kwargs)
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, sliding_window=sliding_window, **kwargs
         )
-    if getattr(module, "attn_logit_softcapping", None):
-        raise NotImplementedError("paged attention has no logit softcapping (Gemma 2)")
     query, key, value = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, heads, d)
-    attended = specdec_pass.attend(module.layer_idx, query, key, value, scaling, sliding_window)
+    attended = specdec_pass.attend(module.layer_idx, query, key, value, scaling, sliding_window, softcap)
     return attended.unsqueeze(0), None  # (1, T, H, d), as transformers' attention functions return
 
 
 AttentionInterface.register(IMPLEMENTATION, paged_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+AttentionInterface.register(SOFTCAP_IMPLEMENTATION, paged_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(SOFTCAP_IMPLEMENTATION, eager_mask)
 
 
 def use_paged_attention(model: PreTrainedModel) -> None:
-    """Switch `model` to `specdec_paged` (it behaves as SDPA in forwards without a pass layout)."""
-    model.set_attn_implementation(IMPLEMENTATION)
+    """Switch `model` to paged attention: `specdec_paged`, which behaves as SDPA in forwards
+    without a pass layout, or for a model that soft-caps attention logits `specdec_paged_softcap`,
+    which behaves as the model's eager attention there."""
+    softcap = getattr(model.config.get_text_config(), "attn_logit_softcapping", None)
+    model.set_attn_implementation(SOFTCAP_IMPLEMENTATION if softcap else IMPLEMENTATION)
 
 
 def paged_pool(model: PreTrainedModel, kv_cache_bytes: int | None) -> KVBlockPool:

@@ -30,7 +30,7 @@ def _plain(model, tokens: list[int], keep: int) -> torch.Tensor:
     return forward_logits(model, keep, input_ids=torch.tensor([tokens]), use_cache=False)[0]
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma3"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma3", "gemma2"])
 @torch.inference_mode()
 def test_a_ragged_pass_equals_plain_forwards(tiny, kind):
     """Prefills of 1-40 tokens (past Gemma 3's sliding window of 8), then verify rows of 1-3
@@ -61,6 +61,40 @@ def test_a_ragged_pass_equals_plain_forwards(tiny, kind):
     pool.truncate(tables[1], 21)  # mid-block: positions 21.. are rewritten
     del contexts[1][21:]
     run([[14], [15, 16], [17], [18, 19, 20, 21]], [1, 2, 1, 4])
+
+
+@torch.inference_mode()
+def test_gemma2_soft_caps_attention_in_a_pass_as_transformers_eager_does(tiny, tiny_dir):
+    """Gemma 2 loads (transformers serves it only with eager attention) and a ragged pass (a
+    prefill past the window of 8 beside a short row, then decode rows) gives transformers' own
+    eager logits; without the cap they differ, so the cap is what is compared."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny("gemma2", 1).model
+    use_paged_attention(model)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir("gemma2", 1), attn_implementation="eager").eval()
+    pool = KVBlockPool(KVShape.of(model.config), 4 * MiB, block_size=4)
+    contexts, tables = [_ids(5, 30), _ids(6, 5)], [BlockTable(), BlockTable()]
+
+    def check(news: list[list[int]]) -> None:
+        for table, new in zip(tables, news):
+            pool.grow(table, table.length + len(new))
+        got = ragged_forward(model, pool, [Row(t, new, 1) for t, new in zip(tables, news)])
+        for context, new in zip(contexts, news):
+            context.extend(new)
+        expected = torch.cat([plain(input_ids=torch.tensor([c])).logits[0, -1:] for c in contexts])
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+    prompts = [list(c) for c in contexts]
+    for context in contexts:
+        context.clear()
+    check(prompts)
+    check([[7], [8]])
+    capped = plain(input_ids=torch.tensor([contexts[0]])).logits
+    for module in plain.modules():
+        if hasattr(module, "attn_logit_softcapping"):
+            module.attn_logit_softcapping = None
+    assert not torch.allclose(plain(input_ids=torch.tensor([contexts[0]])).logits, capped, atol=1e-2)
 
 
 def test_short_rows_attend_in_groups_of_similar_context():

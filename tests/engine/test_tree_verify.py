@@ -40,7 +40,7 @@ def _branch(tokens: list[int], parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma3"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma3", "gemma2"])
 @torch.inference_mode()
 def test_every_node_scores_as_a_plain_forward_over_its_own_branch(tiny, kind):
     """A context past Gemma 3's sliding window (8), then a tree of 9 nodes in 4 branches beside a

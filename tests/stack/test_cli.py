@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -30,7 +31,9 @@ def test_generate_in_process_json_is_a_generate_response(tiny, tiny_dir, capsys)
         ]
     )
     assert code == 0
-    response = json_format.Parse(capsys.readouterr().out, pb.GenerateResponse())
+    out = json.loads(capsys.readouterr().out)
+    assert (out["targetDecoder"], out["draftDecoder"]) == ("transformers", "transformers")
+    response = json_format.ParseDict(out, pb.GenerateResponse(), ignore_unknown_fields=True)
     target = tiny("llama", 1)
     prompt = target.tokenizer("abc abc")["input_ids"]
     assert list(response.token_ids) == target_only(target.model, prompt, 12, target.eos_token_ids)
@@ -41,6 +44,19 @@ def test_generate_in_process_json_is_a_generate_response(tiny, tiny_dir, capsys)
         and response.speculation.accepted_tokens == response.speculation.draft_tokens
     )
     assert response.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
+
+
+@pytest.mark.parametrize(("kind", "decoder"), [("gemma3", "fused"), ("gemma2", "transformers")])
+def test_generate_json_names_the_decoder_that_served_the_target(tiny, tiny_dir, capsys, kind, decoder):
+    """Gemma 2 loads (transformers refuses it SDPA) and decodes as transformers does; the JSON
+    says which decoder ran the target, and names no draft decoder without a draft model."""
+    args = ["generate", "--in-process", "--target-model", tiny_dir(kind, 1), "--no-speculation"]
+    assert main([*args, "--max-new-tokens", "8", "--json", "abc abc"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["targetDecoder"] == decoder and "draftDecoder" not in out
+    target = tiny(kind, 1)
+    prompt = target.tokenizer("abc abc")["input_ids"]
+    assert [int(t) for t in out["tokenIds"]] == target_only(target.model, prompt, 8, target.eos_token_ids)
 
 
 def test_generate_plain_output_reports_speed_and_acceptance(tiny_dir, capsys):
