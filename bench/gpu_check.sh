@@ -12,7 +12,7 @@
 # side by side; the last one times the two paged attention kernels. On CUDA the verifier keeps full
 # logits (the bf16 greedy screen, specdec/runtime/greedy_head.py, serves fp32 CPU heads only), and
 # the actor's decoding ahead (target_service/lookahead.py) is device-agnostic: the fp32 exactness
-# checks here cover the pass as GPUs run it. Gemma 3's paged decoder (specdec/runtime/paged_gemma3.py)
+# checks here cover the pass as GPUs run it. The paged decoder (specdec/runtime/paged_decoder.py)
 # runs every eager pass (prefills, and decode passes without --compile); the run with
 # SPECDEC_PAGED_DECODER=0 gives transformers' modules beside it.
 set -euo pipefail

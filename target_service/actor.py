@@ -40,7 +40,7 @@ from specdec.core.session_store import SessionStore
 from specdec.core.settings import setting
 from specdec.drafts.loading import load_model
 from specdec.runtime.compiled import COMPILE_MODES
-from specdec.runtime.paged_gemma3 import decoder_name
+from specdec.runtime.paged_decoder import decoder_name
 from specdec.target_service import metrics
 from specdec.target_service.lookahead import Ahead, plain
 from specdec.target_service.protocol import VerifyReply, VerifyRequest

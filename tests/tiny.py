@@ -15,6 +15,12 @@ from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from specdec.bench.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the ids the tests read
@@ -29,7 +35,10 @@ from specdec.bench.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the ids t
     save_random,
 )
 
-KINDS = ("llama", "gpt2", "gemma3", "gemma2")
+KINDS = ("llama", "gpt2", "gemma3", "gemma2")  # the engine tests' matrix
+# More families, for the decoder's tests: Llama with Llama 3's rope scaling, Mistral with a window
+# shorter than the tests' texts, Qwen 2 (q/k/v biases, windowed upper layers), Qwen 3 (q/k norms).
+FAMILIES = (*KINDS, "llama3", "mistral", "qwen2", "qwen3")
 
 
 def make_tiny_model(
@@ -47,11 +56,13 @@ def make_tiny_model(
     real checkpoints do. For gemma3 and gemma2, layers alternate sliding (window `sliding_window`)
     and full attention, ending with a full one; gemma2 soft-caps its attention and final logits.
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {KINDS}")
+    if kind not in FAMILIES:
+        raise ValueError(f"unknown tiny model kind {kind!r}; expected one of {FAMILIES}")
     vocab_size = vocab_size or TOKENIZER_SIZE
     if kind == "llama":
         return save_random(llama_config(vocab_size, num_layers), LlamaForCausalLM, out_dir, seed=seed)
+    if kind in ("llama3", "mistral", "qwen2", "qwen3"):
+        return _llama_like(kind, vocab_size, num_layers, sliding_window, out_dir, seed)
     if kind == "gpt2":
         config = GPT2Config(
             vocab_size=vocab_size, n_embd=HIDDEN, n_layer=num_layers, n_head=HEADS, n_positions=MAX_POSITIONS, **IDS
@@ -78,6 +89,30 @@ def make_tiny_model(
         return save_random(config, Gemma2ForCausalLM, out_dir, seed=seed)
     config = Gemma3TextConfig(num_key_value_heads=1, **gemma)  # multi-query, as in Gemma 3 270M
     return save_random(config, Gemma3ForCausalLM, out_dir, seed=seed)
+
+
+def _llama_like(kind: str, vocab_size: int, num_layers: int, window: int, out_dir: Path, seed: int) -> Path:
+    shared = dict(
+        vocab_size=vocab_size,
+        hidden_size=HIDDEN,
+        intermediate_size=4 * HIDDEN,
+        num_hidden_layers=num_layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS // 2,
+        max_position_embeddings=MAX_POSITIONS,
+        **IDS,
+    )
+    if kind == "llama3":
+        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
+        config = llama_config(vocab_size, num_layers)
+        config.rope_parameters = {**rope, "original_max_position_embeddings": 16}
+        return save_random(config, LlamaForCausalLM, out_dir, seed=seed)
+    if kind == "mistral":
+        return save_random(MistralConfig(sliding_window=window, **shared), MistralForCausalLM, out_dir, seed=seed)
+    if kind == "qwen2":
+        config = Qwen2Config(use_sliding_window=True, sliding_window=window, max_window_layers=1, **shared)
+        return save_random(config, Qwen2ForCausalLM, out_dir, seed=seed)
+    return save_random(Qwen3Config(head_dim=HIDDEN // HEADS, **shared), Qwen3ForCausalLM, out_dir, seed=seed)
 
 
 def make_tiny_pair(kind: str, out_dir: Path) -> tuple[Path, Path]:

@@ -200,7 +200,7 @@ def _cmd_generate(args) -> int:
 def _with_decoders(reply: dict, target, draft) -> dict:
     """The response as JSON with the decoders that ran it named: `targetDecoder`, and
     `draftDecoder` where a draft model drafted ("fused" or "transformers")."""
-    from specdec.runtime.paged_gemma3 import decoder_name
+    from specdec.runtime.paged_decoder import decoder_name
 
     reply["targetDecoder"] = decoder_name(target.model)
     if draft is not None:

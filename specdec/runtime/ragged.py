@@ -35,7 +35,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask,
 from specdec.core import tree
 from specdec.runtime.compiled import Decoder
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape, default_budget
-from specdec.runtime.paged_gemma3 import paged_decoder
+from specdec.runtime.paged_decoder import paged_decoder
 from specdec.runtime.projection import forward_hidden, forward_logits
 
 IMPLEMENTATION = "specdec_paged"
@@ -144,7 +144,7 @@ def ragged_forward(
     """Run `rows` through the model in one pass, writing their states into the pool. Returns the
     logits of every row's kept positions, concatenated in row order: (sum of keep, vocab).
     `decoder`: a compiled twin of the model's decoder, run when the pass is decode-shaped; other
-    passes run the model's paged decoder (`specdec.runtime.paged_gemma3`) where one serves it,
+    passes run the model's paged decoder (`specdec.runtime.paged_decoder`) where one serves it,
     else transformers' modules."""
     keep, decoder, inputs = _pass(model, pool, rows, decoder)
     return forward_logits(model, keep, decoder, **inputs)[0]

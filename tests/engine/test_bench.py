@@ -88,3 +88,16 @@ def test_the_paged_attention_bench_finds_gather_and_flex_attention_equal(tmp_pat
     result = json.loads(out.read_text())
     assert set(result["ms"]) == {"1x20x1", "3x40x4"}
     assert all(diff < 1e-5 for diff in result["max_abs_diff"].values())
+
+
+def test_the_family_pass_bench_times_both_decoders_for_each_family(tmp_path):
+    """One layer, a small vocabulary: each family's fused decoder and transformers' modules are
+    timed on the same rows, and the ratios are written."""
+    from specdec.bench import family_passes
+
+    out = tmp_path / "families.json"
+    argv = ["--families", "gemma3,qwen2", "--rows", "1,3", "--context", "8", "--passes", "1"]
+    assert family_passes.main([*argv, "--layers", "1", "--vocab", "512", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["family"], r["rows"]) for r in rows] == [("gemma3", 1), ("gemma3", 3), ("qwen2", 1), ("qwen2", 3)]
+    assert all(r["fused_ms"] > 0 and r["transformers_ms"] > 0 and "fused_over_gemma3" in r for r in rows)

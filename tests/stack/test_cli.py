@@ -9,6 +9,8 @@ import re
 import pytest
 from google.protobuf import json_format
 from reference import target_only
+from tiny import EOS_ID, make_tiny_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.cli.app import main
 from specdec.v1 import generation_pb2 as pb
@@ -32,7 +34,7 @@ def test_generate_in_process_json_is_a_generate_response(tiny, tiny_dir, capsys)
     )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["targetDecoder"], out["draftDecoder"]) == ("transformers", "transformers")
+    assert (out["targetDecoder"], out["draftDecoder"]) == ("fused", "fused")
     response = json_format.ParseDict(out, pb.GenerateResponse(), ignore_unknown_fields=True)
     target = tiny("llama", 1)
     prompt = target.tokenizer("abc abc")["input_ids"]
@@ -46,17 +48,28 @@ def test_generate_in_process_json_is_a_generate_response(tiny, tiny_dir, capsys)
     assert response.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP)
 
 
-@pytest.mark.parametrize(("kind", "decoder"), [("gemma3", "fused"), ("gemma2", "transformers")])
-def test_generate_json_names_the_decoder_that_served_the_target(tiny, tiny_dir, capsys, kind, decoder):
-    """Gemma 2 loads (transformers refuses it SDPA) and decodes as transformers does; the JSON
-    says which decoder ran the target, and names no draft decoder without a draft model."""
-    args = ["generate", "--in-process", "--target-model", tiny_dir(kind, 1), "--no-speculation"]
-    assert main([*args, "--max-new-tokens", "8", "--json", "abc abc"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["targetDecoder"] == decoder and "draftDecoder" not in out
-    target = tiny(kind, 1)
-    prompt = target.tokenizer("abc abc")["input_ids"]
-    assert [int(t) for t in out["tokenIds"]] == target_only(target.model, prompt, 8, target.eos_token_ids)
+@pytest.mark.parametrize(
+    ("kind", "decoder"),
+    [(kind, "fused") for kind in ("gemma3", "llama", "llama3", "mistral", "qwen2", "qwen3")]
+    + [("gemma2", "transformers"), ("gpt2", "transformers")],
+)
+def test_generate_json_names_the_decoder_that_served_the_target(tmp_path, capsys, kind, decoder):
+    """Every family loads (Gemma 2 although transformers refuses it SDPA) and decodes, target-only
+    and speculating with itself as the draft, exactly as transformers' greedy does (24 tokens,
+    past the windows of 8); the JSON says which decoder ran the target and the draft."""
+    path = str(make_tiny_model(kind, tmp_path / kind, seed=1, sliding_window=8))
+    args = ["generate", "--in-process", "--target-model", path, "--max-new-tokens", "24", "--json", "abc abc"]
+    assert main([*args, "--no-speculation"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["targetDecoder"] == decoder and "draftDecoder" not in plain
+    assert main([*args, "--draft-model", path]) == 0
+    drafted = json.loads(capsys.readouterr().out)
+    assert (drafted["targetDecoder"], drafted["draftDecoder"]) == (decoder, decoder)
+    assert int(drafted["speculation"]["acceptedTokens"]) > 0
+    reference = AutoModelForCausalLM.from_pretrained(path).eval()  # transformers alone, its own attention
+    prompt = AutoTokenizer.from_pretrained(path)("abc abc")["input_ids"]
+    expected = target_only(reference, prompt, 24, frozenset({EOS_ID}))
+    assert [int(t) for t in plain["tokenIds"]] == [int(t) for t in drafted["tokenIds"]] == expected
 
 
 def test_generate_plain_output_reports_speed_and_acceptance(tiny_dir, capsys):

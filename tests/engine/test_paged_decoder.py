@@ -1,6 +1,7 @@
-"""Gemma 3's paged decoder: it serves Gemma 3 and nothing else, its fused projections are views of
-one storage (the model's parameters and plain forwards unchanged), and a pass through it gives
-the logits transformers' modules give, prefill chunks, verify rows and trees alike."""
+"""The paged decoder: it serves the families it knows (Gemma 3, Llama with and without Llama 3's
+rope scaling, Mistral, Qwen 2 and 3) and no other, its fused projections are views of one storage
+(the model's parameters and plain forwards unchanged), and a pass through it gives the logits
+transformers' modules give, prefill chunks past the windows, verify rows and trees alike."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from tiny import make_tiny_model
 
 from specdec.core import tree
 from specdec.drafts.loading import load_model
-from specdec.runtime import paged_gemma3
+from specdec.runtime import paged_decoder as decoders
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape
-from specdec.runtime.paged_gemma3 import PagedGemma3, paged_decoder
+from specdec.runtime.paged_decoder import PagedDecoder, paged_decoder
 from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
 
 MiB = 1 << 20
@@ -22,22 +23,30 @@ def _ids(seed: int, n: int) -> list[int]:
     return torch.randint(3, 250, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.fixture
-def gemma3(tmp_path):
-    """A private tiny Gemma 3 (the decoder fuses its weights in place), 3 layers, window 8."""
-    return load_model(str(make_tiny_model("gemma3", tmp_path / "g", seed=4, num_layers=3, sliding_window=8)))
+FUSED = ("gemma3", "llama", "llama3", "mistral", "qwen2", "qwen3")
 
 
-def test_it_serves_gemma3_only(tiny, gemma3):
-    assert isinstance(paged_decoder(gemma3.model), PagedGemma3)
-    assert paged_decoder(gemma3.model) is paged_decoder(gemma3.model)  # made once
-    assert paged_decoder(tiny("llama", 1).model) is None
-    assert paged_decoder(tiny("gpt2", 1).model) is None
+def _private(kind: str, tmp_path):
+    """A private tiny model (the decoder fuses its weights in place), 3 layers, window 8."""
+    return load_model(str(make_tiny_model(kind, tmp_path / kind, seed=4, num_layers=3, sliding_window=8)))
 
 
+@pytest.mark.parametrize("kind", FUSED)
+def test_it_serves_the_families_it_knows(tmp_path, kind):
+    model = _private(kind, tmp_path).model
+    assert isinstance(paged_decoder(model), PagedDecoder)
+    assert paged_decoder(model) is paged_decoder(model)  # made once
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "gemma2"])
+def test_other_families_keep_transformers_modules(tiny, kind):
+    assert paged_decoder(tiny(kind, 1).model) is None
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen2"])
 @torch.inference_mode()
-def test_fused_projections_are_views_and_leave_the_model_unchanged(gemma3):
-    model = gemma3.model
+def test_fused_projections_are_views_and_leave_the_model_unchanged(tmp_path, kind):
+    model = _private(kind, tmp_path).model
     before = {name: t.clone() for name, t in model.state_dict().items()}
     ids = torch.tensor([_ids(0, 20)])
     plain = model(input_ids=ids, use_cache=False).logits
@@ -47,17 +56,20 @@ def test_fused_projections_are_views_and_leave_the_model_unchanged(gemma3):
     assert attention.q_proj.weight.data_ptr() == fused.qkv.weight.data_ptr()
     assert attention.k_proj.weight.untyped_storage().data_ptr() == fused.qkv.weight.untyped_storage().data_ptr()
     assert mlp.up_proj.weight.untyped_storage().data_ptr() == fused.gate_up.weight.untyped_storage().data_ptr()
+    if kind == "qwen2":  # q, k and v biases: one stacked bias, theirs views of it
+        assert attention.v_proj.bias.untyped_storage().data_ptr() == fused.qkv.bias.untyped_storage().data_ptr()
     after = model.state_dict()
     assert after.keys() == before.keys()
     assert all(torch.equal(after[name], t) for name, t in before.items())
     assert torch.equal(model(input_ids=ids, use_cache=False).logits, plain)
 
 
+@pytest.mark.parametrize("kind", FUSED)
 @torch.inference_mode()
-def test_a_pass_gives_the_modules_logits(gemma3):
+def test_a_pass_gives_the_modules_logits(tmp_path, kind):
     """The same rows through the paged decoder and through transformers' modules, each on its own
     pool: prefills past the window, then verify rows beside a tree, then decode rows."""
-    model = gemma3.model
+    model = _private(kind, tmp_path).model
     use_paged_attention(model)
     decoder = paged_decoder(model)
     tokens, parents = tree.from_branches([[5, 6, 7], [5, 9], [11, 12]])
@@ -67,7 +79,7 @@ def test_a_pass_gives_the_modules_logits(gemma3):
     ]
     outputs = {}
     for arm in ("paged", "modules"):
-        model.__dict__[paged_gemma3._ATTR] = decoder if arm == "paged" else None
+        model.__dict__[decoders._ATTR] = decoder if arm == "paged" else None
         pool = KVBlockPool(KVShape.of(model.config), 4 * MiB, block_size=4)
         tables = [BlockTable() for _ in range(3)]
         got = []
@@ -78,6 +90,6 @@ def test_a_pass_gives_the_modules_logits(gemma3):
                 rows.append(Row(table, new, keep, tree_parents))
             got.append(ragged_forward(model, pool, rows))
         outputs[arm] = got
-    model.__dict__[paged_gemma3._ATTR] = decoder
+    model.__dict__[decoders._ATTR] = decoder
     for paged, modules in zip(outputs["paged"], outputs["modules"]):
         torch.testing.assert_close(paged, modules, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,161 @@
+"""The paged decoder against transformers' modules, family by family, at the embedded model's shapes.
+
+Each family's random model (transformers' own config class, Gemma 3 270M's shapes: 18 layers,
+d 640, MLP 2,048, 4 query heads and 1 KV head of 256, a 262,144-token vocabulary) runs in the
+actor's verifier, in this process: R sessions prefilled with --context random tokens, then greedy
+decode passes of one token a row, timed (the median of --passes) with the fused decoder and with
+transformers' modules (`SPECDEC_PAGED_DECODER=0`'s path), one after the other on the same model,
+pool and rows. Random weights serve speed; exactness is the tests' (tests/engine/test_paged_decoder.py).
+
+  python -m specdec.bench.family_passes [--rows 1,16,64] [--families gemma3,llama,...] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+
+import torch
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from specdec.core.acceptance import DraftProposal
+from specdec.core.sampling import SamplingParams
+from specdec.runtime import paged_decoder as decoders
+from specdec.runtime.models import LoadedModel
+from specdec.runtime.projection import pack_weights, use_column_kernels
+from specdec.target_service.verifier import TargetVerifier, VerifyItem
+
+SHAPES = dict(
+    vocab_size=262_144,
+    hidden_size=640,
+    intermediate_size=2048,
+    num_hidden_layers=18,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    max_position_embeddings=32_768,
+)
+_LLAMA3 = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
+
+
+def _gemma3() -> Gemma3TextConfig:
+    layers = SHAPES["num_hidden_layers"]
+    layer_types = [
+        "full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention" for i in range(layers)
+    ]
+    return Gemma3TextConfig(**SHAPES, query_pre_attn_scalar=256, sliding_window=512, layer_types=layer_types)
+
+
+def _llama3() -> LlamaConfig:
+    config = LlamaConfig(**SHAPES)
+    config.rope_parameters = {**_LLAMA3, "original_max_position_embeddings": 8192}
+    return config
+
+
+FAMILIES = {
+    "gemma3": (_gemma3, Gemma3ForCausalLM),
+    "llama": (lambda: LlamaConfig(**SHAPES), LlamaForCausalLM),
+    "llama3": (_llama3, LlamaForCausalLM),
+    "mistral": (lambda: MistralConfig(**SHAPES, sliding_window=512), MistralForCausalLM),
+    "qwen2": (lambda: Qwen2Config(**SHAPES), Qwen2ForCausalLM),
+    "qwen3": (lambda: Qwen3Config(**SHAPES), Qwen3ForCausalLM),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m specdec.bench.family_passes", description=__doc__.split("\n\n")[0])
+    p.add_argument("--families", default=",".join(FAMILIES), help=f"comma separated (default {','.join(FAMILIES)})")
+    p.add_argument("--rows", default="1,16,64", help="rows a pass, comma separated (default 1,16,64)")
+    p.add_argument("--context", type=int, default=64, help="prompt tokens a session (default 64)")
+    p.add_argument("--passes", type=int, default=6, help="timed passes per arm and row count (default 6)")
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    p.add_argument("--layers", type=int, default=18, help="decoder layers (default 18, as Gemma 3 270M)")
+    p.add_argument("--vocab", type=int, default=262_144, help="vocabulary (default 262,144, as Gemma 3 270M)")
+    p.add_argument("--json", default=None, metavar="PATH")
+    return p.parse_args(argv)
+
+
+def build(family: str) -> LoadedModel:
+    """A random model of `family` at the embedded model's shapes, prepared as loading prepares one."""
+    make_config, model_class = FAMILIES[family]
+    torch.manual_seed(0)
+    model = model_class(make_config()).eval().requires_grad_(False)
+    pack_weights(use_column_kernels(model))
+    return LoadedModel(model, None, family, frozenset(), SHAPES["vocab_size"], SHAPES["max_position_embeddings"])
+
+
+def time_passes(verifier, rows: int, context: int, passes: int, tag: str) -> float:
+    """Median ms of a greedy decode pass over `rows` sessions of `context` prompt tokens."""
+    generator = torch.Generator().manual_seed(rows)
+    vocab = min(30_000, SHAPES["vocab_size"])
+    sessions = {f"{tag}-{i}": torch.randint(3, vocab, (context,), generator=generator).tolist() for i in range(rows)}
+    greedy = SamplingParams()
+
+    def step() -> None:
+        items = [VerifyItem(s, t, DraftProposal([]), greedy) for s, t in sessions.items()]
+        for tokens, result in zip(sessions.values(), verifier.verify_batch(items)):
+            tokens.extend(result.accepted_ids)
+
+    step()  # the prefill
+    seconds = []
+    for _ in range(passes + 1):
+        started = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - started)
+    for session_id in sessions:
+        verifier.end_session(session_id)
+    return 1000 * statistics.median(seconds[1:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    SHAPES.update(num_hidden_layers=args.layers, vocab_size=args.vocab)
+    torch.set_num_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    results = []
+    for family in args.families.split(","):
+        loaded = build(family)
+        verifier = TargetVerifier(loaded, kv_cache_bytes=1 << 30)
+        fused = decoders.paged_decoder(loaded.model)
+        if fused is None:
+            raise SystemExit(f"the paged decoder does not serve {family}")
+        for r in rows:
+            times = {}
+            for arm, decoder in (("fused", fused), ("transformers", None)):
+                loaded.model.__dict__[decoders._ATTR] = decoder
+                times[arm] = time_passes(verifier, r, args.context, args.passes, f"{family}-{arm}")
+            results.append({"family": family, "rows": r, **{f"{k}_ms": v for k, v in times.items()}})
+            print(
+                f"{family:8} {r:3} rows: fused {times['fused']:6.1f} ms, transformers {times['transformers']:6.1f} ms,"
+                f" fused / transformers {times['fused'] / times['transformers']:.2f}",
+                flush=True,
+            )
+        del verifier, loaded, fused
+        gc.collect()
+    gemma = {r["rows"]: r["fused_ms"] for r in results if r["family"] == "gemma3"}
+    for r in results:
+        r["fused_over_modules"] = r["fused_ms"] / r["transformers_ms"]
+        if r["rows"] in gemma:
+            r["fused_over_gemma3"] = r["fused_ms"] / gemma[r["rows"]]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": vars(args), "rows": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

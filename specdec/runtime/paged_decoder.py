@@ -1,0 +1,239 @@
+"""One decoder written for the paged pass, driven by the model's config and modules, for the
+families whose layers share one shape (Gemma 3, Llama, Mistral, Qwen 2 and Qwen 3): the same
+arithmetic as transformers' modules, without their per-call machinery, and with the
+projections that read one input fused.
+
+A ragged pass (`specdec.runtime.ragged`) through transformers' modules pays, per layer, the
+modules' Python (kwargs, decorators, output records), RMSNorms of five kernels each, a rotary
+embedding of seven, and separate GEMMs over the same activations. Here each layer is a few
+tensor calls on the packed (T, d) activations. What differs by family is read from the modules:
+Gemma's RMSNorm scales by (1 + w) and sandwiches attention and the MLP between two norms each,
+Llama's scales by w with one norm before each; Gemma 3 and Qwen 3 normalise q and k per head;
+Qwen 2 biases q, k and v; each layer's window and the attention scaling are its module's; the
+MLP's activation is its own `act_fn`.
+
+- q, k and v are one GEMM over a weight [W_q; W_k; W_v], and gate and up one over [W_gate;
+  W_up] (as vLLM's QKVParallelLinear and MergedColumnParallelLinear): each fused weight is one
+  storage, and the modules' own weights become views into it, so the model's parameters, its
+  state dict and every other forward are unchanged, and no memory is added;
+- each RMSNorm is one `F.rms_norm` with its weight made once (Gemma's (1 + w)): x * rsqrt(mean(x^2)
+  + eps) * w in fp32, as transformers computes it;
+- the rotary embedding rotates the two halves of each head with the cos and sin of the pass's
+  positions, made once a pass (for Gemma 3, once for each layer type; for the others by the
+  model's own rotary module, so Llama 3's scaling is its): q1 c - q2 s and q2 c + q1 s, the
+  products and sums transformers' q cos + rotate_half(q) sin makes;
+- attention is the pass's paged attention (`PassLayout.attend`) on (T, heads, head_dim) tensors.
+
+Outputs equal the modules' up to float rounding (the fused GEMMs may block their sums
+differently), as one batch composition's equal another's; tests check the logits against a plain
+forward and greedy output against target-only decoding.
+
+`paged_decoder(model)` gives the decoder for a model it serves (`serves`: those families, with a
+rotary embedding fixed at load time over the whole head; None for any other, which runs
+transformers' modules), made once per model. `SPECDEC_PAGED_DECODER=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from specdec.runtime.projection import pack_weights, use_column_kernels
+
+_ENABLED = os.environ.get("SPECDEC_PAGED_DECODER", "1") != "0"
+_STATIC_ROPE = {"default", "linear", "llama3"}  # rope types whose inverse frequencies are fixed at load time
+_ATTR = "_specdec_paged_decoder"
+# The decoder layers served, by class: each is norm -> attention -> residual -> norm -> MLP ->
+# residual with the modules named below (Gemma 3 with a norm after attention and the MLP too).
+_LAYERS = {
+    "Gemma3DecoderLayer": "gemma",
+    "LlamaDecoderLayer": "llama",
+    "MistralDecoderLayer": "llama",
+    "Qwen2DecoderLayer": "llama",
+    "Qwen3DecoderLayer": "llama",
+}
+_SANDWICH = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+def paged_decoder(model: PreTrainedModel):
+    """The paged decoder of `model` (made at the first call, then kept on the model, and made again
+    if the model's layers were cut since), or None when it does not serve this model."""
+    made = model.__dict__.get(_ATTR)
+    if _ATTR not in model.__dict__ or (made is not None and len(made.layers) != len(model.base_model.layers)):
+        # Outside inference mode: the fused weights are parameters' storage, which any later
+        # forward (and oneDNN's packing, by its version counter) must be able to use.
+        with torch.inference_mode(False), torch.no_grad():
+            model.__dict__[_ATTR] = PagedDecoder(model.base_model) if _ENABLED and serves(model) else None
+    return model.__dict__[_ATTR]
+
+
+def decoder_name(model: PreTrainedModel) -> str:
+    """Which decoder runs `model`'s paged passes: "fused" (this module's) or "transformers" (the
+    model's own modules, exact for any family, slower)."""
+    return "fused" if paged_decoder(model) is not None else "transformers"
+
+
+def serves(model: PreTrainedModel) -> bool:
+    """A model whose every layer this decoder computes exactly as transformers does."""
+    base = getattr(model, "base_model", None)
+    layers = getattr(base, "layers", None)
+    if not layers or {type(layer).__name__ for layer in layers} - set(_LAYERS):
+        return False
+    if len({type(layer).__name__ for layer in layers}) != 1:
+        return False
+    config = model.config
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "use_bidirectional_attention", False):
+        return False
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return False  # a rotation over part of each head
+    rope = getattr(base.rotary_emb, "rope_type", None)
+    if _LAYERS[type(layers[0]).__name__] == "gemma":
+        return (
+            config.hidden_activation == "gelu_pytorch_tanh"
+            and not config.attention_bias
+            and isinstance(rope, dict)
+            and all(kind in _STATIC_ROPE for kind in rope.values())
+            and set(config.layer_types) <= set(rope)  # a pruned draft may keep one kind only
+        )
+    return rope in _STATIC_ROPE
+
+
+@dataclass
+class _Layer:
+    qkv: nn.Linear  # [W_q; W_k; W_v] (and their biases)
+    gate_up: nn.Linear  # [W_gate; W_up]
+    o: nn.Linear
+    down: nn.Linear
+    act: nn.Module  # the MLP's activation
+    norms: dict[str, tuple[torch.Tensor, float]]  # name -> (weight, eps): input, post_attention, ...
+    kind: str  # the rotation it takes: Gemma 3's layer type, else "all"
+    scaling: float  # of q . k, the attention module's
+    window: int | None
+    index: int
+
+
+class PagedDecoder:
+    """Called as the model's base model in a paged pass (`forward_hidden`): input_ids and
+    position_ids (1, T), the pass layout; returns the final hidden states (1, T, d)."""
+
+    def __init__(self, base: nn.Module):
+        config = base.config
+        self.gemma = _LAYERS[type(base.layers[0]).__name__] == "gemma"
+        self.embed = base.embed_tokens  # Gemma's scales by sqrt(d) itself
+        self.rotary = base.rotary_emb
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        attention = base.layers[0].self_attn
+        self.head_dim = attention.head_dim
+        self.final_norm = self._norm(base.norm)
+        self.layers = [self._layer(i, layer, config) for i, layer in enumerate(base.layers)]
+
+    def _norm(self, module: nn.Module) -> tuple[torch.Tensor, float]:
+        """An RMSNorm's weight in fp32, made once (Gemma's 1 + w), and its eps."""
+        weight = module.weight.detach().float()
+        eps = getattr(module, "eps", None)
+        return (1.0 + weight if self.gemma else weight), (module.variance_epsilon if eps is None else eps)
+
+    def _layer(self, index: int, layer: nn.Module, config) -> _Layer:
+        attention, mlp = layer.self_attn, layer.mlp
+        names = ("input_layernorm", "post_attention_layernorm", *(_SANDWICH if self.gemma else ()))
+        norms = {name: self._norm(getattr(layer, name)) for name in names}
+        if hasattr(attention, "q_norm"):  # Gemma 3, Qwen 3: q and k normalised per head
+            norms["q"], norms["k"] = self._norm(attention.q_norm), self._norm(attention.k_norm)
+        # Mistral's window is its config's, Qwen's and Gemma's each layer's own.
+        window = getattr(attention, "sliding_window", getattr(config, "sliding_window", None))
+        return _Layer(
+            qkv=_fuse(attention.q_proj, attention.k_proj, attention.v_proj),
+            gate_up=_fuse(mlp.gate_proj, mlp.up_proj),
+            o=attention.o_proj,
+            down=mlp.down_proj,
+            act=mlp.act_fn,
+            norms=norms,
+            kind=attention.layer_type if self.gemma else "all",
+            scaling=attention.scaling,
+            window=window,
+            index=index,
+        )
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, specdec_pass, **_) -> BaseModelOutput:
+        hidden = self.embed(input_ids[0])  # (T, d)
+        rotations = {kind: self._rotation(position_ids, kind) for kind in {layer.kind for layer in self.layers}}
+        q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for layer in self.layers:
+            residual = hidden
+            qkv = layer.qkv(_rms(hidden, layer.norms["input_layernorm"]))  # (T, q + 2 kv)
+            q = qkv[:, :q_width].view(-1, self.heads, self.head_dim)
+            k = qkv[:, q_width : q_width + kv_width].view(-1, self.kv_heads, self.head_dim)
+            v = qkv[:, q_width + kv_width :].view(-1, self.kv_heads, self.head_dim)
+            if "q" in layer.norms:
+                q, k = _rms(q, layer.norms["q"]), _rms(k, layer.norms["k"])
+            cos, sin = rotations[layer.kind]
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            attended = specdec_pass.attend(layer.index, q, k, v, layer.scaling, layer.window)
+            x = layer.o(attended.reshape(attended.shape[0], -1))
+            if self.gemma:
+                hidden = residual + _rms(x, layer.norms["post_attention_layernorm"])
+                x = layer.gate_up(_rms(hidden, layer.norms["pre_feedforward_layernorm"]))
+            else:
+                hidden = residual + x
+                x = layer.gate_up(_rms(hidden, layer.norms["post_attention_layernorm"]))
+            gate, up = x.chunk(2, dim=-1)
+            x = layer.down(layer.act(gate) * up)
+            hidden = hidden + (_rms(x, layer.norms["post_feedforward_layernorm"]) if self.gemma else x)
+        return BaseModelOutput(last_hidden_state=_rms(hidden, self.final_norm).unsqueeze(0))
+
+    def _rotation(self, position_ids: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of each position's angles, (T, 1, head_dim / 2), as transformers' rotary
+        embedding computes them (in fp32, times the rope type's attention scaling)."""
+        dtype = self.embed.weight.dtype
+        if not self.gemma:  # the model's own module: cos and sin over the whole head, halves equal
+            cos, sin = self.rotary(self.embed.weight[:1].unsqueeze(0), position_ids)  # (1, T, head_dim)
+            half = self.head_dim // 2
+            return cos[0, :, :half].to(dtype).unsqueeze(1), sin[0, :, :half].to(dtype).unsqueeze(1)
+        inv_freq = getattr(self.rotary, f"{kind}_inv_freq")
+        scaling = getattr(self.rotary, f"{kind}_attention_scaling")
+        angles = position_ids[0, :, None].float() * inv_freq.float()  # (T, head_dim / 2)
+        return (angles.cos() * scaling).to(dtype).unsqueeze(1), (angles.sin() * scaling).to(dtype).unsqueeze(1)
+
+
+def _rms(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """RMSNorm: normalised and scaled in fp32, then cast back (a no-op in fp32)."""
+    weight, eps = norm
+    return F.rms_norm(x.float(), weight.shape, weight, eps).type_as(x)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (T, heads, head_dim) by halves: [x1 c - x2 s, x2 c + x1 s]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _fuse(*linears: nn.Linear) -> nn.Linear:
+    """One linear layer computing `linears` side by side over the same input: its weight (and
+    bias, where any has one: zeros for those without) is theirs stacked, and theirs become views
+    into it (no copy stays behind)."""
+    first = linears[0].weight
+    stacked = torch.cat([linear.weight.detach() for linear in linears])
+    with_bias = any(linear.bias is not None for linear in linears)
+    fused = nn.Linear(first.shape[1], stacked.shape[0], bias=with_bias, device="meta")
+    fused.weight = nn.Parameter(stacked, requires_grad=False)
+    if with_bias:
+        biases = [
+            linear.bias.detach() if linear.bias is not None else first.new_zeros(linear.weight.shape[0])
+            for linear in linears
+        ]
+        fused.bias = nn.Parameter(torch.cat(biases), requires_grad=False)
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight.data = stacked[start : start + rows]
+        if with_bias and linear.bias is not None:
+            linear.bias.data = fused.bias.data[start : start + rows]
+        linear.__dict__.pop("_packed", None)  # its packed copy, if any: the fused one serves
+        start += rows
+    return pack_weights(use_column_kernels(fused))
