@@ -35,6 +35,7 @@ transformers' modules), made once per model. `SPECDEC_PAGED_DECODER=0` turns it 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from specdec.runtime.projection import pack_weights, use_column_kernels
 
+log = logging.getLogger(__name__)
 _ENABLED = os.environ.get("SPECDEC_PAGED_DECODER", "1") != "0"
 _STATIC_ROPE = {"default", "linear", "llama3"}  # rope types whose inverse frequencies are fixed at load time
 _ATTR = "_specdec_paged_decoder"
@@ -68,8 +70,11 @@ def paged_decoder(model: PreTrainedModel):
     if _ATTR not in model.__dict__ or (made is not None and len(made.layers) != len(model.base_model.layers)):
         # Outside inference mode: the fused weights are parameters' storage, which any later
         # forward (and oneDNN's packing, by its version counter) must be able to use.
+        reason = unserved(model) if _ENABLED else "SPECDEC_PAGED_DECODER=0"
+        if reason is not None and _ATTR not in model.__dict__:
+            log.warning("%s runs on transformers' modules (exact, slower): %s", model.config.model_type, reason)
         with torch.inference_mode(False), torch.no_grad():
-            model.__dict__[_ATTR] = PagedDecoder(model.base_model) if _ENABLED and serves(model) else None
+            model.__dict__[_ATTR] = PagedDecoder(model.base_model) if reason is None else None
     return model.__dict__[_ATTR]
 
 
@@ -81,27 +86,34 @@ def decoder_name(model: PreTrainedModel) -> str:
 
 def serves(model: PreTrainedModel) -> bool:
     """A model whose every layer this decoder computes exactly as transformers does."""
+    return unserved(model) is None
+
+
+def unserved(model: PreTrainedModel) -> str | None:
+    """Why this decoder does not serve `model` (None: it does), in words for the log."""
     base = getattr(model, "base_model", None)
     layers = getattr(base, "layers", None)
-    if not layers or {type(layer).__name__ for layer in layers} - set(_LAYERS):
-        return False
-    if len({type(layer).__name__ for layer in layers}) != 1:
-        return False
+    kinds = {type(layer).__name__ for layer in layers} if layers else set()
+    if not kinds or kinds - set(_LAYERS) or len(kinds) != 1:
+        return f"its layers ({', '.join(sorted(kinds)) or 'none found'}) are not one of {', '.join(_LAYERS)}"
     config = model.config
     if getattr(config, "attn_logit_softcapping", None) or getattr(config, "use_bidirectional_attention", False):
-        return False
+        return "it soft-caps attention logits or attends both ways"
     if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        return False  # a rotation over part of each head
+        return "its rotary embedding covers part of each head"
     rope = getattr(base.rotary_emb, "rope_type", None)
-    if _LAYERS[type(layers[0]).__name__] == "gemma":
-        return (
-            config.hidden_activation == "gelu_pytorch_tanh"
-            and not config.attention_bias
-            and isinstance(rope, dict)
-            and all(kind in _STATIC_ROPE for kind in rope.values())
-            and set(config.layer_types) <= set(rope)  # a pruned draft may keep one kind only
-        )
-    return rope in _STATIC_ROPE
+    ropes = set(rope.values()) if isinstance(rope, dict) else {rope}
+    if ropes - _STATIC_ROPE:
+        fixed = ", ".join(sorted(_STATIC_ROPE))
+        return f"its rope ({', '.join(sorted(map(str, ropes)))}) is not one fixed at load time ({fixed})"
+    if _LAYERS[kinds.pop()] == "gemma" and not (
+        config.hidden_activation == "gelu_pytorch_tanh"
+        and not config.attention_bias
+        and isinstance(rope, dict)
+        and set(config.layer_types) <= set(rope)  # a pruned draft may keep one kind only
+    ):
+        return "its activation, attention bias or layer types differ from Gemma 3's"
+    return None
 
 
 @dataclass
