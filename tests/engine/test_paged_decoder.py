@@ -93,3 +93,14 @@ def test_a_pass_gives_the_modules_logits(tmp_path, kind):
     model.__dict__[decoders._ATTR] = decoder
     for paged, modules in zip(outputs["paged"], outputs["modules"]):
         torch.testing.assert_close(paged, modules, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_it_does_not_serve_is_named_with_the_reason_once(tiny_dir, caplog):
+    model = load_model(tiny_dir("gemma2", 1)).model
+    with caplog.at_level("WARNING", logger=decoders.__name__):
+        assert paged_decoder(model) is None and paged_decoder(model) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name == decoders.__name__]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        "gemma2 runs on transformers' modules (exact, slower): its layers (Gemma2DecoderLayer)"
+    )
