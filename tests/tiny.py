@@ -71,17 +71,11 @@ def make_tiny_model(
     layer_types = ["full_attention" if i % 2 else "sliding_attention" for i in range(num_layers)]
     layer_types[-1] = "full_attention"
     gemma = dict(
-        vocab_size=vocab_size,
-        hidden_size=HIDDEN,
-        intermediate_size=4 * HIDDEN,
-        num_hidden_layers=num_layers,
-        num_attention_heads=HEADS,
+        _sizes(vocab_size, num_layers),
         head_dim=HIDDEN // HEADS,
         query_pre_attn_scalar=HIDDEN // HEADS,
         sliding_window=sliding_window,
         layer_types=layer_types,
-        max_position_embeddings=MAX_POSITIONS,
-        **IDS,
     )
     if kind == "gemma2":
         # Grouped-query, and caps low enough to bind on a random model's logits, so a missing cap shows.
@@ -91,17 +85,21 @@ def make_tiny_model(
     return save_random(config, Gemma3ForCausalLM, out_dir, seed=seed)
 
 
-def _llama_like(kind: str, vocab_size: int, num_layers: int, window: int, out_dir: Path, seed: int) -> Path:
-    shared = dict(
+def _sizes(vocab_size: int, num_layers: int) -> dict:
+    """The config fields every tiny decoder-only family shares (hidden 64, 4 heads, 256 positions)."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=HIDDEN,
         intermediate_size=4 * HIDDEN,
         num_hidden_layers=num_layers,
         num_attention_heads=HEADS,
-        num_key_value_heads=HEADS // 2,
         max_position_embeddings=MAX_POSITIONS,
         **IDS,
     )
+
+
+def _llama_like(kind: str, vocab_size: int, num_layers: int, window: int, out_dir: Path, seed: int) -> Path:
+    shared = dict(_sizes(vocab_size, num_layers), num_key_value_heads=HEADS // 2)
     if kind == "llama3":
         rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
         config = llama_config(vocab_size, num_layers)
