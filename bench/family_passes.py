@@ -52,27 +52,27 @@ SHAPES = dict(
 _LLAMA3 = dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0)
 
 
-def _gemma3() -> Gemma3TextConfig:
-    layers = SHAPES["num_hidden_layers"]
+def _gemma3(shapes: dict) -> Gemma3TextConfig:
+    layers = shapes["num_hidden_layers"]
     layer_types = [
         "full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention" for i in range(layers)
     ]
-    return Gemma3TextConfig(**SHAPES, query_pre_attn_scalar=256, sliding_window=512, layer_types=layer_types)
+    return Gemma3TextConfig(**shapes, query_pre_attn_scalar=256, sliding_window=512, layer_types=layer_types)
 
 
-def _llama3() -> LlamaConfig:
-    config = LlamaConfig(**SHAPES)
+def _llama3(shapes: dict) -> LlamaConfig:
+    config = LlamaConfig(**shapes)
     config.rope_parameters = {**_LLAMA3, "original_max_position_embeddings": 8192}
     return config
 
 
 FAMILIES = {
     "gemma3": (_gemma3, Gemma3ForCausalLM),
-    "llama": (lambda: LlamaConfig(**SHAPES), LlamaForCausalLM),
+    "llama": (lambda shapes: LlamaConfig(**shapes), LlamaForCausalLM),
     "llama3": (_llama3, LlamaForCausalLM),
-    "mistral": (lambda: MistralConfig(**SHAPES, sliding_window=512), MistralForCausalLM),
-    "qwen2": (lambda: Qwen2Config(**SHAPES), Qwen2ForCausalLM),
-    "qwen3": (lambda: Qwen3Config(**SHAPES), Qwen3ForCausalLM),
+    "mistral": (lambda shapes: MistralConfig(**shapes, sliding_window=512), MistralForCausalLM),
+    "qwen2": (lambda shapes: Qwen2Config(**shapes), Qwen2ForCausalLM),
+    "qwen3": (lambda shapes: Qwen3Config(**shapes), Qwen3ForCausalLM),
 }
 
 
@@ -89,19 +89,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build(family: str) -> LoadedModel:
-    """A random model of `family` at the embedded model's shapes, prepared as loading prepares one."""
+def build(family: str, shapes: dict) -> LoadedModel:
+    """A random model of `family` at `shapes` (`SHAPES`: the embedded model's), prepared as loading
+    prepares one."""
     make_config, model_class = FAMILIES[family]
     torch.manual_seed(0)
-    model = model_class(make_config()).eval().requires_grad_(False)
+    model = model_class(make_config(shapes)).eval().requires_grad_(False)
     pack_weights(use_column_kernels(model))
-    return LoadedModel(model, None, family, frozenset(), SHAPES["vocab_size"], SHAPES["max_position_embeddings"])
+    return LoadedModel(model, None, family, frozenset(), shapes["vocab_size"], shapes["max_position_embeddings"])
 
 
 def time_passes(verifier, rows: int, context: int, passes: int, tag: str) -> float:
     """Median ms of a greedy decode pass over `rows` sessions of `context` prompt tokens."""
     generator = torch.Generator().manual_seed(rows)
-    vocab = min(30_000, SHAPES["vocab_size"])
+    vocab = min(30_000, verifier.loaded.vocab_size)
     sessions = {f"{tag}-{i}": torch.randint(3, vocab, (context,), generator=generator).tolist() for i in range(rows)}
     greedy = SamplingParams()
 
@@ -123,12 +124,12 @@ def time_passes(verifier, rows: int, context: int, passes: int, tag: str) -> flo
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    SHAPES.update(num_hidden_layers=args.layers, vocab_size=args.vocab)
+    shapes = dict(SHAPES, num_hidden_layers=args.layers, vocab_size=args.vocab)
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     results = []
     for family in args.families.split(","):
-        loaded = build(family)
+        loaded = build(family, shapes)
         verifier = TargetVerifier(loaded, kv_cache_bytes=1 << 30)
         fused = decoders.paged_decoder(loaded.model)
         if fused is None:
