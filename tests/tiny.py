@@ -17,6 +17,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -37,8 +39,11 @@ from specdec.bench.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the ids t
 
 KINDS = ("llama", "gpt2", "gemma3", "gemma2")  # the engine tests' matrix
 # More families, for the decoder's tests: Llama with Llama 3's rope scaling, Mistral with a window
-# shorter than the tests' texts, Qwen 2 (q/k/v biases, windowed upper layers), Qwen 3 (q/k norms).
-FAMILIES = (*KINDS, "llama3", "mistral", "qwen2", "qwen3")
+# shorter than the tests' texts, Qwen 2 (q/k/v biases, windowed upper layers), Qwen 3 (q/k norms),
+# Phi-3 (fused projections, longrope over half of each head, a window).
+FAMILIES = (*KINDS, "llama3", "mistral", "qwen2", "qwen3", "phi3")
+# Phi-3's longrope switches to its long factors past this many positions.
+PHI3_ORIGINAL_POSITIONS = MAX_POSITIONS // 2
 
 
 def make_tiny_model(
@@ -61,7 +66,7 @@ def make_tiny_model(
     vocab_size = vocab_size or TOKENIZER_SIZE
     if kind == "llama":
         return save_random(llama_config(vocab_size, num_layers), LlamaForCausalLM, out_dir, seed=seed)
-    if kind in ("llama3", "mistral", "qwen2", "qwen3"):
+    if kind in ("llama3", "mistral", "qwen2", "qwen3", "phi3"):
         return _llama_like(kind, vocab_size, num_layers, sliding_window, out_dir, seed)
     if kind == "gpt2":
         config = GPT2Config(
@@ -107,6 +112,24 @@ def _llama_like(kind: str, vocab_size: int, num_layers: int, window: int, out_di
         return save_random(config, LlamaForCausalLM, out_dir, seed=seed)
     if kind == "mistral":
         return save_random(MistralConfig(sliding_window=window, **shared), MistralForCausalLM, out_dir, seed=seed)
+    if kind == "phi3":
+        half = HIDDEN // HEADS // 4  # rotary dims / 2, with half of each head rotated
+        rope = dict(
+            rope_type="longrope",
+            rope_theta=10000.0,
+            partial_rotary_factor=0.5,
+            short_factor=[1.0 + i / 10 for i in range(half)],
+            long_factor=[2.0 + i for i in range(half)],
+            original_max_position_embeddings=PHI3_ORIGINAL_POSITIONS,
+        )
+        # Phi3Config's own original_max_position_embeddings overrides the rope's: both set.
+        config = Phi3Config(
+            sliding_window=window,
+            rope_parameters=rope,
+            original_max_position_embeddings=PHI3_ORIGINAL_POSITIONS,
+            **shared,
+        )
+        return save_random(config, Phi3ForCausalLM, out_dir, seed=seed)
     if kind == "qwen2":
         config = Qwen2Config(use_sliding_window=True, sliding_window=window, max_window_layers=1, **shared)
         return save_random(config, Qwen2ForCausalLM, out_dir, seed=seed)

@@ -102,6 +102,9 @@ class PassLayout:
     new_slots: torch.Tensor  # (T,) where each packed token's keys and values go
     groups: list[_Group]
     tokens: int  # T
+    # (T,) each token's row's largest position in the pass + 1: the sequence length a per-sequence
+    # rule (Phi-3's longrope) sees for the row.
+    reach: torch.Tensor | None = None
 
     def attend(
         self,
@@ -162,14 +165,16 @@ def ragged_hidden(
 def _pass(model: PreTrainedModel, pool: KVBlockPool, rows: Sequence[Row], decoder: Decoder | None):
     """(kept positions, decoder, inputs) of one pass over `rows`, for `forward_logits` and kin."""
     device = pool.device
-    ids, positions, new_slots, kept = [], [], [], []
+    ids, positions, new_slots, kept, reach = [], [], [], [], []
     for row in rows:
         start = row.table.length - len(row.tokens)
         kept.extend(range(len(ids) + len(row.tokens) - row.keep, len(ids) + len(row.tokens)))
         ids.extend(row.tokens)
-        positions.extend(_positions(row))
+        row_positions = _positions(row)
+        positions.extend(row_positions)
+        reach.extend([max(row_positions) + 1] * len(row_positions))
         new_slots.extend(pool.slots(row.table, start, row.table.length))
-    layout = PassLayout(pool, _tensor(new_slots, device), _groups(pool, rows), len(ids))
+    layout = PassLayout(pool, _tensor(new_slots, device), _groups(pool, rows), len(ids), _tensor(reach, device))
     inputs = dict(
         input_ids=_tensor(ids, device).unsqueeze(0),
         position_ids=_tensor(positions, device).unsqueeze(0),

@@ -50,8 +50,8 @@ def test_generate_in_process_json_is_a_generate_response(tiny, tiny_dir, capsys)
 
 @pytest.mark.parametrize(
     ("kind", "decoder"),
-    [(kind, "fused") for kind in ("gemma3", "llama", "llama3", "mistral", "qwen2", "qwen3")]
-    + [("gemma2", "transformers"), ("gpt2", "transformers")],
+    [(kind, "fused") for kind in ("gemma2", "gemma3", "llama", "llama3", "mistral", "qwen2", "qwen3", "phi3")]
+    + [("gpt2", "transformers")],
 )
 def test_generate_json_names_the_decoder_that_served_the_target(tmp_path, capsys, kind, decoder):
     """Every family loads (Gemma 2 although transformers refuses it SDPA) and decodes, target-only
