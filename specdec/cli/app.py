@@ -225,41 +225,17 @@ async def call_coordinator(
     import grpc
     from google.protobuf import json_format
 
-    from specdec.v1 import generation_pb2 as pb
     from specdec.v1 import generation_pb2_grpc
 
     summary_file = summary_file or sys.stderr
     metadata = (("authorization", f"Bearer {api_key}"),) if api_key else None
     start = time.perf_counter()
     first_token_s = None
-    if tls_ca is None:
-        channel = grpc.aio.insecure_channel(address)
-    else:
-        channel = grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca))
-    async with channel:
+    async with _channel(address, tls_ca) as channel:
         stub = generation_pb2_grpc.GenerationServiceStub(channel)
         try:
             if stream:
-                response = pb.GenerateResponse()
-                # Same fields, same numbers: the stream request is the unary one re-read.
-                async for message in stub.GenerateStream(
-                    pb.GenerateStreamRequest.FromString(request.SerializeToString()),
-                    timeout=timeout_s,
-                    metadata=metadata,
-                ):
-                    if first_token_s is None and message.token_ids:
-                        first_token_s = time.perf_counter() - start
-                    if as_json:
-                        print(json_format.MessageToJson(message, indent=None), flush=True)
-                    else:
-                        print(message.text, end="", flush=True)
-                    response.text += message.text
-                    response.token_ids.extend(message.token_ids)
-                    response.trace_id = message.trace_id
-                    if message.finish_reason:
-                        response.finish_reason = message.finish_reason
-                        response.usage.CopyFrom(message.usage)
-                        response.speculation.CopyFrom(message.speculation)
+                response, first_token_s = await _print_stream(stub, request, timeout_s, metadata, as_json, start)
             else:
                 response = await stub.Generate(request, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as e:
@@ -277,6 +253,44 @@ async def call_coordinator(
         tail = f"first token after {first_token_s:.2f} s | {tail}"
     print("\n" + _summary(response, seconds, tail), file=summary_file, flush=True)
     return 0
+
+
+def _channel(address: str, tls_ca: bytes | None):
+    import grpc
+
+    if tls_ca is None:
+        return grpc.aio.insecure_channel(address)
+    return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca))
+
+
+async def _print_stream(stub, request, timeout_s, metadata, as_json: bool, start: float):
+    """GenerateStream: print each message as it arrives (its text, or itself as one JSON line),
+    and gather them into the GenerateResponse the unary call would have returned. Returns it and
+    the seconds from `start` to the first token (None if none came)."""
+    from google.protobuf import json_format
+
+    from specdec.v1 import generation_pb2 as pb
+
+    response = pb.GenerateResponse()
+    first_token_s = None
+    # Same fields, same numbers: the stream request is the unary one re-read.
+    async for message in stub.GenerateStream(
+        pb.GenerateStreamRequest.FromString(request.SerializeToString()), timeout=timeout_s, metadata=metadata
+    ):
+        if first_token_s is None and message.token_ids:
+            first_token_s = time.perf_counter() - start
+        if as_json:
+            print(json_format.MessageToJson(message, indent=None), flush=True)
+        else:
+            print(message.text, end="", flush=True)
+        response.text += message.text
+        response.token_ids.extend(message.token_ids)
+        response.trace_id = message.trace_id
+        if message.finish_reason:
+            response.finish_reason = message.finish_reason
+            response.usage.CopyFrom(message.usage)
+            response.speculation.CopyFrom(message.speculation)
+    return response, first_token_s
 
 
 def _rpc_failed(error, address: str) -> int:

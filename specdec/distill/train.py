@@ -100,6 +100,47 @@ def distill(config: DistillConfig, target: LoadedModel | None = None) -> dict:
     _check_same_run(config, ckpt)
     rows, heldout = _corpus(config, target, ckpt)
     vocab = _vocab(config, target, rows, ckpt)
+    run = _start(config, target, vocab, ckpt)
+    target_argmax = _heldout_targets(target, heldout, ckpt)  # (rows, seq_len) full-vocabulary ids
+    generated, heldout_generated = _generated(config, target, rows, heldout, ckpt)
+
+    def evaluate(entry: dict) -> dict:
+        entry["heldout_acceptance"] = _acceptance(run.draft, heldout, target_argmax)
+        if len(heldout_generated):
+            entry["heldout_generated_acceptance"] = _generated_acceptance(
+                run.draft, heldout_generated, config.prompt_tokens
+            )
+        return entry
+
+    if run.step == 0:
+        run.log.append(evaluate({"step": 0}))
+    _train(run, _batches(config, rows, generated), evaluate)
+    if "heldout_acceptance" not in run.log[-1]:
+        evaluate(run.log[-1])
+    run.save()
+    return run.log[-1]
+
+
+@dataclass
+class _Run:
+    """A run's training state: what a checkpoint saves and a resume restores."""
+
+    config: DistillConfig
+    target: LoadedModel
+    ckpt: Path
+    draft: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    log: list[dict]
+    step: int
+    seconds: float  # training time over all runs, setup excluded (the time budget counts it)
+
+    def save(self) -> None:
+        _save(self.config, self.ckpt, self.draft, self.target, self.optimizer, self.step, self.seconds, self.log)
+
+
+def _start(config: DistillConfig, target: LoadedModel, vocab: list[int], ckpt: Path) -> _Run:
+    """The draft over vocab with only its trainable parameters given to AdamW, resumed from the
+    checkpoint if there is one, else started from config.init_from if given."""
     draft = build_pruned_draft(target.model, config.layers, vocab)
     names = trainable_names(draft)
     params = dict(draft.named_parameters())
@@ -109,66 +150,64 @@ def distill(config: DistillConfig, target: LoadedModel | None = None) -> dict:
     state = _resume(ckpt, params, optimizer)
     if state["step"] == 0 and config.init_from is not None:
         _init_weights(config.init_from, params)
-    log: list[dict] = state["log"]
-    step, seconds = state["step"], state.get("seconds", 0.0)
-    target_argmax = _heldout_targets(target, heldout, ckpt)  # (rows, seq_len) full-vocabulary ids
-    generated, heldout_generated = _generated(config, target, rows, heldout, ckpt)
+    return _Run(config, target, ckpt, draft, optimizer, state["log"], state["step"], state.get("seconds", 0.0))
 
-    def evaluate(entry: dict) -> dict:
-        entry["heldout_acceptance"] = _acceptance(draft, heldout, target_argmax)
-        if len(heldout_generated):
-            entry["heldout_generated_acceptance"] = _generated_acceptance(
-                draft, heldout_generated, config.prompt_tokens
-            )
-        return entry
 
-    if step == 0:
-        log.append(evaluate({"step": 0}))
-
-    from tqdm import tqdm
-
+def _batches(config: DistillConfig, rows: torch.Tensor, generated: torch.Tensor):
+    """step -> that step's batch: corpus rows in a seeded order and, when the target wrote rows,
+    config.generated_share of each batch from those in an order of their own. The orders depend
+    only on the seed, so a resumed run trains on the batches the uninterrupted one would have."""
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(config.seed))
     n_generated = round(config.batch * config.generated_share) if len(generated) else 0
     generated_order = torch.randperm(max(len(generated), 1), generator=torch.Generator().manual_seed(config.seed + 1))
-    bar = tqdm(total=config.steps, initial=step, desc="distill", unit="step", dynamic_ncols=True)
-    loss_ema = None
-    while step < config.steps:
-        if _time_fraction(config, seconds) >= 1.0:
-            bar.write(f"time budget of {config.time_budget_min} min reached at step {step}")
-            break
-        n_corpus = config.batch - n_generated
+    n_corpus = config.batch - n_generated
+
+    def batch(step: int) -> torch.Tensor:  # (config.batch, seq_len)
         picks = [order[(step * n_corpus + i) % len(rows)] for i in range(n_corpus)]
         gen_picks = [generated_order[(step * n_generated + i) % len(generated)] for i in range(n_generated)]
-        batch = torch.cat(
+        return torch.cat(
             [
                 rows[torch.stack(picks)] if picks else rows[:0],
                 generated[torch.stack(gen_picks)] if gen_picks else rows[:0],
             ]
         )
-        lr = _lr(config, step, _time_fraction(config, seconds))
-        for group in optimizer.param_groups:
+
+    return batch
+
+
+def _train(run: _Run, batches, evaluate) -> None:
+    """Step until config.steps or the time budget, logging every step, evaluating every
+    eval_every and checkpointing every checkpoint_every."""
+    from tqdm import tqdm
+
+    config = run.config
+    bar = tqdm(total=config.steps, initial=run.step, desc="distill", unit="step", dynamic_ncols=True)
+    loss_ema = None
+    while run.step < config.steps:
+        if _time_fraction(config, run.seconds) >= 1.0:
+            bar.write(f"time budget of {config.time_budget_min} min reached at step {run.step}")
+            break
+        batch = batches(run.step)
+        lr = _lr(config, run.step, _time_fraction(config, run.seconds))
+        for group in run.optimizer.param_groups:
             group["lr"] = lr
         t0 = time.monotonic()
-        loss = train_step(draft, target, batch, optimizer)
-        seconds += time.monotonic() - t0
-        step += 1
+        loss = train_step(run.draft, run.target, batch, run.optimizer)
+        run.seconds += time.monotonic() - t0
+        run.step += 1
         loss_ema = loss if loss_ema is None else 0.9 * loss_ema + 0.1 * loss
-        entry = {"step": step, "kl": loss, "lr": lr, "seconds": round(seconds, 1)}
-        if step % config.eval_every == 0 or step == config.steps:
+        entry = {"step": run.step, "kl": loss, "lr": lr, "seconds": round(run.seconds, 1)}
+        if run.step % config.eval_every == 0 or run.step == config.steps:
             evaluate(entry)
             shown = entry.get("heldout_generated_acceptance", entry["heldout_acceptance"])
             bar.set_postfix(kl=f"{loss_ema:.3f}", acc=f"{shown:.3f}")
         else:
             bar.set_postfix(kl=f"{loss_ema:.3f}")
-        log.append(entry)
+        run.log.append(entry)
         bar.update(1)
-        if step % config.checkpoint_every == 0:
-            _save(config, ckpt, draft, target, optimizer, step, seconds, log)
+        if run.step % config.checkpoint_every == 0:
+            run.save()
     bar.close()
-    if "heldout_acceptance" not in log[-1]:
-        evaluate(log[-1])
-    _save(config, ckpt, draft, target, optimizer, step, seconds, log)
-    return log[-1]
 
 
 def train_step(draft, target: LoadedModel, batch: torch.Tensor, optimizer: torch.optim.Optimizer) -> float:

@@ -37,7 +37,6 @@ from k8s_checks import (
     check_secrets,
     check_target_tier,
     check_tracing,
-    check_wiring,
     dockerfile_args,
     dockerfile_instructions,
     dockerignore,
@@ -61,6 +60,7 @@ from k8s_objects import (
     render,
     specdec_commands,
 )
+from k8s_wiring_checks import check_wiring
 from packaging.requirements import Requirement
 
 from specdec import cli
@@ -279,11 +279,23 @@ def test_build_context_excludes_tests_caches_and_weights():
 
 # --- the checks catch real mistakes ----------------------------------------------------------
 
+CONFIG = "the specdec-config ConfigMap"  # its name carries kustomize's hash: read from the render
+
 
 def _break(objs: list[dict], kind: str, name: str, change) -> list[dict]:
     broken = copy.deepcopy(objs)
+    if name == CONFIG:
+        name = _config_name(objs)
     change(one(broken, kind, name))
     return broken
+
+
+def _config_name(objs: list[dict]) -> str:
+    return next(
+        o["metadata"]["name"]
+        for o in objs
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("specdec-config")
+    )
 
 
 def _draft(o):
@@ -294,179 +306,160 @@ def _config(o):
     return o["data"]
 
 
-def test_the_checks_catch_broken_manifests():
-    objs = render("dev-cpu")
-    config_name = next(
-        o["metadata"]["name"]
-        for o in objs
-        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("specdec-config")
-    )
-    cases = [
-        (check_builtin_kinds, "Deployment", "specdec-draft", lambda o: o["spec"].update(replica=2)),  # misspelt field
-        (
-            check_builtin_kinds,
-            "RayCluster",
-            "specdec-target",
-            lambda o: o["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0].update(imagePullPolicy=3),
-        ),
-        (
-            check_custom_resources,
-            "RayCluster",
-            "specdec-target",
-            lambda o: o["spec"]["headGroupSpec"]["rayStartParams"].update({"num-cpus": 0}),
-        ),
-        (check_custom_resources, "RayCluster", "specdec-target", lambda o: o["spec"].update(workerGroupSpec=[])),
-        (check_ports, "Service", "specdec-draft", lambda o: o["spec"]["ports"][0].update(targetPort="grcp")),
-        (check_ports, "Deployment", "specdec-draft", lambda o: _draft(o)["readinessProbe"]["grpc"].update(port=50053)),
-        (
-            check_ports,
-            "Deployment",
-            "specdec-coordinator",
-            lambda o: o["spec"]["template"]["metadata"]["annotations"].update({"prometheus.io/port": "9999"}),
-        ),
-        (check_env, "ConfigMap", config_name, lambda o: _config(o).pop("OTEL_EXPORTER_OTLP_ENDPOINT")),
-        (check_env, "ConfigMap", config_name, lambda o: _config(o).update(SPECDEC_DRAFT_MAX_BATCHES="8")),
-        (check_env, "ConfigMap", config_name, lambda o: _config(o).update(SPECDEC_CACHE_DIR="/tmp/elsewhere")),
-        (
-            check_env,
-            "Deployment",
-            "specdec-target-pool",
-            lambda o: _draft(o)["env"].pop(
-                next(i for i, v in enumerate(_draft(o)["env"]) if v["name"] == "RAY_AUTH_TOKEN")
-            ),
-        ),
-        (check_env, "RayCluster", "specdec-target", lambda o: o["spec"]["autoscalerOptions"].pop("env")),
-        (
-            check_secrets,
-            "Deployment",
-            "specdec-coordinator",
-            lambda o: _draft(o)["env"].append({"name": "RAY_AUTH_TOKEN", "value": "abc"}),
-        ),
-        (
-            check_references,
-            "Deployment",
-            "specdec-draft",
-            lambda o: _draft(o)["envFrom"][0]["configMapRef"].update(name="specdec-config"),
-        ),
-        (
-            check_command_lines,
-            "Deployment",
-            "specdec-coordinator",
-            lambda o: _draft(o)["args"].append("--max-tokens=8"),
-        ),
-        (
-            check_command_lines,
-            "Deployment",
-            "specdec-coordinator",
-            lambda o: _draft(o).update(
-                args=[a for a in _draft(o)["args"] if "specdec-draft" not in a and a != "--draft"]
-            ),
-        ),
-        (
-            check_command_lines,
-            "ConfigMap",
-            config_name,
-            lambda o: _config(o).update(SPECDEC_COORDINATOR_PIPELINE="yes"),
-        ),
-        (check_command_lines, "ConfigMap", config_name, lambda o: _config(o).update(SPECDEC_DRAFT_PORT="50052")),
-        (
-            check_command_lines,
-            "Deployment",
-            "specdec-target-pool",
-            lambda o: _draft(o)["args"].__setitem__(0, "targets"),
-        ),
-        (
-            check_command_lines,
-            "Deployment",
-            "specdec-target-pool",
-            lambda o: _draft(o)["args"].__setitem__(_draft(o)["args"].index("$(TARGET_MODEL)"), "$(TARGET_MODLE)"),
-        ),
-        (
-            check_wiring,
-            "Deployment",
-            "specdec-coordinator",
-            lambda o: _draft(o)["args"].__setitem__(2, "dns:///specdec-drafts.specdec-dev.svc.cluster.local:50052"),
-        ),
-        (check_wiring, "Service", "specdec-draft", lambda o: o["spec"].pop("clusterIP")),
-        (
-            check_wiring,
-            "ConfigMap",
-            config_name,
-            lambda o: _config(o).update(SPECDEC_COORDINATOR_MAX_DRAFT_TOKENS="64"),
-        ),
-        (
-            check_wiring,
-            "Deployment",
-            "specdec-draft",
-            lambda o: o["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=50),
-        ),
-        (
-            check_wiring,
-            "Deployment",
-            "specdec-target-pool",
-            lambda o: _draft(o)["args"].__setitem__(_draft(o)["args"].index("--metrics-host") + 1, "127.0.0.1"),
-        ),
-        (check_autoscaling, "Deployment", "specdec-draft", lambda o: o["spec"].update(replicas=3)),
-        (
-            check_autoscaling,
-            "PodDisruptionBudget",
-            "specdec-coordinator",
-            lambda o: o["spec"]["selector"]["matchLabels"].update({"app.kubernetes.io/name": "coordinator"}),
-        ),
-        (check_ray_versions, "RayCluster", "specdec-target", lambda o: o["spec"].update(rayVersion="2.59.0")),
-        (
-            check_tracing,
-            "ConfigMap",
-            config_name,
-            lambda o: _config(o).update(OTEL_EXPORTER_OTLP_ENDPOINT="http://specdec-otel-collector:4318"),
-        ),
-    ]
-    for check, kind, name, change in cases:
-        assert check(objs) == [], f"{check.__name__} fails on the unbroken render"
-        assert check(_break(objs, kind, name, change)) != [], f"{check.__name__} missed a broken {kind} {name}"
-    # Target tier: too many actors for the group; a GPU in the CPU overlay; work on the head.
-    too_many = _break(
-        objs,
+def _drop_env(o, name: str):
+    env = _draft(o)["env"]
+    env.pop(next(i for i, v in enumerate(env) if v["name"] == name))
+
+
+def _set_arg(o, old: str, new: str):
+    args = _draft(o)["args"]
+    args[args.index(old)] = new
+
+
+def _set_arg_after(o, flag: str, value: str):
+    args = _draft(o)["args"]
+    args[args.index(flag) + 1] = value
+
+
+def _ray_worker(o):
+    return o["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+
+
+@pytest.fixture(scope="module")
+def dev_cpu() -> list[dict]:
+    """The dev-cpu render, unbroken: each case breaks its own copy."""
+    return render("dev-cpu")
+
+
+# (check, kind, name, change): each change is a mistake the check must catch.
+BROKEN_MANIFESTS = [
+    (check_builtin_kinds, "Deployment", "specdec-draft", lambda o: o["spec"].update(replica=2)),  # misspelt field
+    (check_builtin_kinds, "RayCluster", "specdec-target", lambda o: _ray_worker(o).update(imagePullPolicy=3)),
+    (
+        check_custom_resources,
+        "RayCluster",
+        "specdec-target",
+        lambda o: o["spec"]["headGroupSpec"]["rayStartParams"].update({"num-cpus": 0}),
+    ),
+    (check_custom_resources, "RayCluster", "specdec-target", lambda o: o["spec"].update(workerGroupSpec=[])),
+    (check_ports, "Service", "specdec-draft", lambda o: o["spec"]["ports"][0].update(targetPort="grcp")),
+    (check_ports, "Deployment", "specdec-draft", lambda o: _draft(o)["readinessProbe"]["grpc"].update(port=50053)),
+    (
+        check_ports,
+        "Deployment",
+        "specdec-coordinator",
+        lambda o: o["spec"]["template"]["metadata"]["annotations"].update({"prometheus.io/port": "9999"}),
+    ),
+    (check_env, "ConfigMap", CONFIG, lambda o: _config(o).pop("OTEL_EXPORTER_OTLP_ENDPOINT")),
+    (check_env, "ConfigMap", CONFIG, lambda o: _config(o).update(SPECDEC_DRAFT_MAX_BATCHES="8")),
+    (check_env, "ConfigMap", CONFIG, lambda o: _config(o).update(SPECDEC_CACHE_DIR="/tmp/elsewhere")),
+    (check_env, "Deployment", "specdec-target-pool", lambda o: _drop_env(o, "RAY_AUTH_TOKEN")),
+    (check_env, "RayCluster", "specdec-target", lambda o: o["spec"]["autoscalerOptions"].pop("env")),
+    (
+        check_secrets,
+        "Deployment",
+        "specdec-coordinator",
+        lambda o: _draft(o)["env"].append({"name": "RAY_AUTH_TOKEN", "value": "abc"}),
+    ),
+    (
+        check_references,
+        "Deployment",
+        "specdec-draft",
+        lambda o: _draft(o)["envFrom"][0]["configMapRef"].update(name="specdec-config"),
+    ),
+    (check_command_lines, "Deployment", "specdec-coordinator", lambda o: _draft(o)["args"].append("--max-tokens=8")),
+    (
+        check_command_lines,
+        "Deployment",
+        "specdec-coordinator",
+        lambda o: _draft(o).update(args=[a for a in _draft(o)["args"] if "specdec-draft" not in a and a != "--draft"]),
+    ),
+    (check_command_lines, "ConfigMap", CONFIG, lambda o: _config(o).update(SPECDEC_COORDINATOR_PIPELINE="yes")),
+    (check_command_lines, "ConfigMap", CONFIG, lambda o: _config(o).update(SPECDEC_DRAFT_PORT="50052")),
+    (check_command_lines, "Deployment", "specdec-target-pool", lambda o: _draft(o)["args"].__setitem__(0, "targets")),
+    (
+        check_command_lines,
+        "Deployment",
+        "specdec-target-pool",
+        lambda o: _set_arg(o, "$(TARGET_MODEL)", "$(TARGET_MODLE)"),
+    ),
+    (
+        check_wiring,
+        "Deployment",
+        "specdec-coordinator",
+        lambda o: _draft(o)["args"].__setitem__(2, "dns:///specdec-drafts.specdec-dev.svc.cluster.local:50052"),
+    ),
+    (check_wiring, "Service", "specdec-draft", lambda o: o["spec"].pop("clusterIP")),
+    (check_wiring, "ConfigMap", CONFIG, lambda o: _config(o).update(SPECDEC_COORDINATOR_MAX_DRAFT_TOKENS="64")),
+    (
+        check_wiring,
+        "Deployment",
+        "specdec-draft",
+        lambda o: o["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=50),
+    ),
+    (check_wiring, "Deployment", "specdec-target-pool", lambda o: _set_arg_after(o, "--metrics-host", "127.0.0.1")),
+    (check_autoscaling, "Deployment", "specdec-draft", lambda o: o["spec"].update(replicas=3)),
+    (
+        check_autoscaling,
+        "PodDisruptionBudget",
+        "specdec-coordinator",
+        lambda o: o["spec"]["selector"]["matchLabels"].update({"app.kubernetes.io/name": "coordinator"}),
+    ),
+    (check_ray_versions, "RayCluster", "specdec-target", lambda o: o["spec"].update(rayVersion="2.59.0")),
+    (
+        check_tracing,
+        "ConfigMap",
+        CONFIG,
+        lambda o: _config(o).update(OTEL_EXPORTER_OTLP_ENDPOINT="http://specdec-otel-collector:4318"),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("check", "kind", "name", "change"),
+    BROKEN_MANIFESTS,
+    ids=[f"{check.__name__}-{kind}-{i}" for i, (check, kind, _, _) in enumerate(BROKEN_MANIFESTS)],
+)
+def test_the_checks_catch_broken_manifests(dev_cpu, check, kind, name, change):
+    assert check(dev_cpu) == [], f"{check.__name__} fails on the unbroken render"
+    assert check(_break(dev_cpu, kind, name, change)) != [], f"{check.__name__} missed a broken {kind} {name}"
+
+
+# (kind, name, change, why): each breaks the target tier of the dev-cpu overlay.
+BROKEN_TARGET_TIERS = [
+    (
         "Deployment",
         "specdec-target-pool",
         lambda o: next(v for v in _draft(o)["env"] if v["name"] == "TARGET_REPLICAS").update(value="9"),
-    )
-    assert check_target_tier(too_many, "dev-cpu") != []
-    assert (
-        check_target_tier(
-            _break(objs, "ConfigMap", config_name, lambda o: _config(o).update(TARGET_CPUS_PER_ACTOR="1")), "dev-cpu"
-        )
-        != []
-    )
-    assert (
-        check_target_tier(
-            _break(objs, "ConfigMap", config_name, lambda o: _config(o).update(TARGET_GPUS_PER_ACTOR="1")), "dev-cpu"
-        )
-        != []
-    )
-    assert (
-        check_target_tier(
-            _break(
-                objs,
-                "RayCluster",
-                "specdec-target",
-                lambda o: o["spec"]["headGroupSpec"]["rayStartParams"].update({"num-cpus": "1"}),
-            ),
-            "dev-cpu",
-        )
-        != []
-    )
-    assert check_target_tier(objs, "gpu") != [], "the CPU overlay has no GPU workers, which the gpu check must notice"
-    renamed = _break(
-        objs,
+        "too many actors for the worker group",
+    ),
+    ("ConfigMap", CONFIG, lambda o: _config(o).update(TARGET_CPUS_PER_ACTOR="1"), "not one actor per pod"),
+    ("ConfigMap", CONFIG, lambda o: _config(o).update(TARGET_GPUS_PER_ACTOR="1"), "a GPU in the CPU overlay"),
+    (
         "RayCluster",
         "specdec-target",
-        lambda o: o["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["ports"][1].update(
-            name="metrics"
-        ),
-    )
-    assert check_target_tier(renamed, "dev-cpu") != [], (
-        "the actor's port may not take the name KubeRay gives Ray's exporter"
+        lambda o: o["spec"]["headGroupSpec"]["rayStartParams"].update({"num-cpus": "1"}),
+        "work on the head",
+    ),
+    (
+        "RayCluster",
+        "specdec-target",
+        lambda o: _ray_worker(o)["ports"][1].update(name="metrics"),
+        "the actor's port may not take the name KubeRay gives Ray's exporter",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "change", "why"), BROKEN_TARGET_TIERS, ids=[case[-1] for case in BROKEN_TARGET_TIERS]
+)
+def test_the_target_tier_check_catches_broken_manifests(dev_cpu, kind, name, change, why):
+    assert check_target_tier(_break(dev_cpu, kind, name, change), "dev-cpu") != [], why
+
+
+def test_the_target_tier_check_knows_the_overlay(dev_cpu):
+    assert check_target_tier(dev_cpu, "gpu") != [], (
+        "the CPU overlay has no GPU workers, which the gpu check must notice"
     )
 
 

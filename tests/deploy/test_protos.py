@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from google.protobuf import json_format
 
 from specdec.cli.protogen import REPO_ROOT, generate
@@ -93,62 +94,72 @@ def test_propose_response_round_trip() -> None:
     assert json_format.ParseDict(as_dict, draft_pb2.ProposeResponse()) == resp
 
 
-def test_field_names_are_the_contract() -> None:
-    def fields(msg) -> dict[str, int]:
-        return {f.name: f.number for f in msg.DESCRIPTOR.fields}
+_REQUEST_FIELDS = {
+    "prompt": 1,
+    "prompt_token_ids": 2,
+    "max_new_tokens": 3,
+    "sampling": 4,
+    "stop": 5,
+    "speculation": 6,
+    "messages": 7,
+}
+_RESPONSE_FIELDS = {
+    "text": 1,
+    "token_ids": 2,
+    "finish_reason": 3,
+    "usage": 4,
+    "speculation": 5,
+    "trace_id": 6,
+}
+# Each public message and its fields, name -> number: renaming or renumbering one breaks clients.
+MESSAGE_FIELDS = [
+    (generation_pb2.GenerateRequest, _REQUEST_FIELDS),
+    (generation_pb2.GenerateStreamRequest, _REQUEST_FIELDS),
+    (generation_pb2.GenerateResponse, _RESPONSE_FIELDS),
+    (generation_pb2.GenerateStreamResponse, _RESPONSE_FIELDS),
+    (generation_pb2.ChatMessage, {"role": 1, "content": 2}),
+    (
+        generation_pb2.SpeculationStats,
+        {
+            "rounds": 1,
+            "draft_tokens": 2,
+            "accepted_tokens": 3,
+            "non_speculative_rounds": 4,
+            "accepted_per_position": 5,
+            "pipelined_rounds": 6,
+            "draft_failures": 7,
+            "draft_wait_seconds": 8,
+            "verify_wait_seconds": 9,
+            "generation_seconds": 10,
+        },
+    ),
+    (
+        draft_pb2.ProposeRequest,
+        {
+            "session_id": 1,
+            "committed_len": 2,
+            "new_tokens": 3,
+            "num_draft_tokens": 4,
+            "sampling": 5,
+            "probs_encoding": 6,
+            "model_draft_tokens": 7,
+            "tree": 8,
+        },
+    ),
+    (
+        draft_pb2.ProposeResponse,
+        {"token_ids": 1, "draft_probs": 2, "cached_len": 3, "source": 4, "parent_indices": 5},
+    ),
+    (draft_pb2.EndSessionRequest, {"session_id": 1, "completion_token_ids": 2}),
+]
 
-    request_fields = {
-        "prompt": 1,
-        "prompt_token_ids": 2,
-        "max_new_tokens": 3,
-        "sampling": 4,
-        "stop": 5,
-        "speculation": 6,
-        "messages": 7,
-    }
-    assert fields(generation_pb2.GenerateRequest) == request_fields
-    assert fields(generation_pb2.GenerateStreamRequest) == request_fields
-    response_fields = {
-        "text": 1,
-        "token_ids": 2,
-        "finish_reason": 3,
-        "usage": 4,
-        "speculation": 5,
-        "trace_id": 6,
-    }
-    assert fields(generation_pb2.GenerateResponse) == response_fields
-    assert fields(generation_pb2.GenerateStreamResponse) == response_fields
-    assert fields(generation_pb2.ChatMessage) == {"role": 1, "content": 2}
-    assert fields(generation_pb2.SpeculationStats) == {
-        "rounds": 1,
-        "draft_tokens": 2,
-        "accepted_tokens": 3,
-        "non_speculative_rounds": 4,
-        "accepted_per_position": 5,
-        "pipelined_rounds": 6,
-        "draft_failures": 7,
-        "draft_wait_seconds": 8,
-        "verify_wait_seconds": 9,
-        "generation_seconds": 10,
-    }
-    assert fields(draft_pb2.ProposeRequest) == {
-        "session_id": 1,
-        "committed_len": 2,
-        "new_tokens": 3,
-        "num_draft_tokens": 4,
-        "sampling": 5,
-        "probs_encoding": 6,
-        "model_draft_tokens": 7,
-        "tree": 8,
-    }
-    assert fields(draft_pb2.ProposeResponse) == {
-        "token_ids": 1,
-        "draft_probs": 2,
-        "cached_len": 3,
-        "source": 4,
-        "parent_indices": 5,
-    }
-    assert fields(draft_pb2.EndSessionRequest) == {"session_id": 1, "completion_token_ids": 2}
+
+@pytest.mark.parametrize(("message", "expected"), MESSAGE_FIELDS, ids=[m.DESCRIPTOR.name for m, _ in MESSAGE_FIELDS])
+def test_field_names_are_the_contract(message, expected: dict[str, int]) -> None:
+    assert {f.name: f.number for f in message.DESCRIPTOR.fields} == expected
+
+
+def test_enum_values_are_the_contract() -> None:
     assert list(draft_pb2.DraftSource.keys()) == [
         "DRAFT_SOURCE_UNSPECIFIED",
         "DRAFT_SOURCE_NGRAM",
@@ -162,6 +173,9 @@ def test_field_names_are_the_contract() -> None:
         "FINISH_REASON_LENGTH",
         "FINISH_REASON_CANCELLED",
     ]
+
+
+def test_services_and_methods_are_the_contract() -> None:
     services = {
         s.full_name: [m.name for m in s.methods]
         for f in (generation_pb2, draft_pb2)

@@ -88,55 +88,13 @@ def cluster(tiny_dir, tiny, tmp_path_factory):
     roles, params = rendered()
     host = ray._private.services.get_node_ip_address()
     gcs, client = free_port(), free_port()
-    pods: dict[str, Pod] = {}
+    pods: dict[str, Pod] = {}  # every pod started, each added as it starts: the finally stops them all
     previous = recorded_ray_address()
-
-    def forget_cluster() -> None:
-        # A restarted head refuses to start where this host's address file and another node's
-        # processes still name its address (on one host only: in a pod there are none).
-        restore_ray_address(None)
-
     try:
-        head = ["--head", "--port", str(gcs), "--ray-client-server-port", str(client), "--include-dashboard", "false"]
-        pods["head"] = RayNodePod(
-            "head", ray_start(params["head"], head), pod_env(roles["target-head"][1], cache), logs,
-            restart_after_s=3.0, before_start=forget_cluster,
-        )  # fmt: skip
-        pods["head"].wait_for("Ray runtime started", START_S)
-        for i in range(2):
-            pods[f"worker-{i}"] = RayNodePod(
-                f"worker-{i}", ray_start(params["worker"], ["--address", f"{host}:{gcs}"]),
-                pod_env(roles["target-worker"][1], cache), logs, restart_after_s=0.5 + 3 * i,
-                before_start=lambda: gcs_reachable(f"{host}:{gcs}", START_S),  # KubeRay's wait-gcs-ready
-            )  # fmt: skip
-            pods[f"worker-{i}"].wait_for("Ray runtime started", START_S)
-        argv, env = roles["target-pool"]
-        argv = with_flag(argv, "--ray-join", f"{host}:{gcs}")
-        argv = with_flag(argv, "--target-model", tiny_dir("llama", TARGET_SEED))
-        metrics_port = free_port()  # the actors take the first free ports from here on
-        argv = with_flag(with_flag(argv, "--metrics-host", "127.0.0.1"), "--metrics-port", str(metrics_port))
-        cluster = Cluster(pods, [], client, metrics_port, argv, pod_env(env, cache), logs)
-        cluster.keeper(2)
-        argv, env = roles["draft"]
-        draft_port = free_port()
-        argv = with_flag(with_flag(argv, "--host", "127.0.0.1"), "--port", str(draft_port))
-        argv = with_flag(argv, "--metrics-port", str(free_port()))
-        pods["draft"] = Pod("draft", [sys.executable, "-m", "specdec.cli.app", *argv], pod_env(env, cache), logs)
-        argv, env = roles["coordinator"]
-        argv = with_flag(with_flag(argv, "--draft", f"127.0.0.1:{draft_port}"), "--ray-join", f"{host}:{gcs}")
-        argv = with_flag(with_flag(argv, "--host", "127.0.0.1"), "--grace", "1")
-        for i in range(3):
-            port = free_port()
-            mine = with_flag(with_flag(with_flag(argv, "--port", str(port)), "--http-port", "0"), "--metrics-port", "0")
-            # Restarts staggered, and first starts one at a time: Ray nodes starting at once on one
-            # host race for the same worker ports (a pod is a host of its own).
-            pods[f"coordinator-{i}"] = Pod(
-                f"coordinator-{i}", [sys.executable, "-m", "specdec.cli.app", *mine], pod_env(env, cache), logs,
-                restart_after_s=5.0 + 10 * i, niceness=BEHIND_RAY,
-            )  # fmt: skip
-            pods[f"coordinator-{i}"].wait_for("coordinator listening on", START_S)
-            wait_serving(f"127.0.0.1:{port}", START_S)
-            cluster.coordinators.append(f"127.0.0.1:{port}")
+        _start_ray_nodes(pods, roles, params, cache, logs, host, gcs, client)
+        cluster = _start_keeper(pods, roles["target-pool"], cache, logs, f"{host}:{gcs}", client, tiny_dir)
+        draft_port = _start_draft(pods, roles["draft"], cache, logs)
+        _start_coordinators(cluster, roles["coordinator"], cache, f"{host}:{gcs}", draft_port)
         engine = build_engine(tiny("llama", TARGET_SEED), None)
         cluster.expected = [asyncio.run(engine.generate(request_from_proto(r))).token_ids for r in REQUESTS]
         yield cluster
@@ -144,6 +102,71 @@ def cluster(tiny_dir, tiny, tmp_path_factory):
         for name in sorted(pods, key=lambda n: ("head" in n, "worker" in n)):  # the head goes last
             pods[name].stop(signal.SIGKILL if name == "draft" else signal.SIGTERM)
         restore_ray_address(previous)
+
+
+def _start_ray_nodes(pods: dict[str, Pod], roles, params, cache, logs, host: str, gcs: int, client: int) -> None:
+    """The RayCluster's head and two workers, `ray start` with its rayStartParams."""
+
+    def forget_cluster() -> None:
+        # A restarted head refuses to start where this host's address file and another node's
+        # processes still name its address (on one host only: in a pod there are none).
+        restore_ray_address(None)
+
+    head = ["--head", "--port", str(gcs), "--ray-client-server-port", str(client), "--include-dashboard", "false"]
+    pods["head"] = RayNodePod(
+        "head", ray_start(params["head"], head), pod_env(roles["target-head"][1], cache), logs,
+        restart_after_s=3.0, before_start=forget_cluster,
+    )  # fmt: skip
+    pods["head"].wait_for("Ray runtime started", START_S)
+    for i in range(2):
+        pods[f"worker-{i}"] = RayNodePod(
+            f"worker-{i}", ray_start(params["worker"], ["--address", f"{host}:{gcs}"]),
+            pod_env(roles["target-worker"][1], cache), logs, restart_after_s=0.5 + 3 * i,
+            before_start=lambda: gcs_reachable(f"{host}:{gcs}", START_S),  # KubeRay's wait-gcs-ready
+        )  # fmt: skip
+        pods[f"worker-{i}"].wait_for("Ray runtime started", START_S)
+
+
+def _start_keeper(pods: dict[str, Pod], role, cache, logs, gcs_address: str, client: int, tiny_dir) -> Cluster:
+    """The pool keeper with two actors, joined to the head's GCS; `role` is its (argv, env)."""
+    argv, env = role
+    argv = with_flag(argv, "--ray-join", gcs_address)
+    argv = with_flag(argv, "--target-model", tiny_dir("llama", TARGET_SEED))
+    metrics_port = free_port()  # the actors take the first free ports from here on
+    argv = with_flag(with_flag(argv, "--metrics-host", "127.0.0.1"), "--metrics-port", str(metrics_port))
+    cluster = Cluster(pods, [], client, metrics_port, argv, pod_env(env, cache), logs)
+    cluster.keeper(2)
+    return cluster
+
+
+def _start_draft(pods: dict[str, Pod], role, cache, logs) -> int:
+    """The draft server on loopback; `role` is its (argv, env). Returns its port."""
+    argv, env = role
+    draft_port = free_port()
+    argv = with_flag(with_flag(argv, "--host", "127.0.0.1"), "--port", str(draft_port))
+    argv = with_flag(argv, "--metrics-port", str(free_port()))
+    pods["draft"] = Pod("draft", [sys.executable, "-m", "specdec.cli.app", *argv], pod_env(env, cache), logs)
+    return draft_port
+
+
+def _start_coordinators(cluster: Cluster, role, cache, gcs_address: str, draft_port: int) -> None:
+    """Three coordinators, each a Ray node of its own, serving on loopback; `role` is their
+    (argv, env). Their addresses go into cluster.coordinators once each serves."""
+    argv, env = role
+    argv = with_flag(with_flag(argv, "--draft", f"127.0.0.1:{draft_port}"), "--ray-join", gcs_address)
+    argv = with_flag(with_flag(argv, "--host", "127.0.0.1"), "--grace", "1")
+    for i in range(3):
+        port = free_port()
+        mine = with_flag(with_flag(with_flag(argv, "--port", str(port)), "--http-port", "0"), "--metrics-port", "0")
+        # Restarts staggered, and first starts one at a time: Ray nodes starting at once on one
+        # host race for the same worker ports (a pod is a host of its own).
+        cluster.pods[f"coordinator-{i}"] = Pod(
+            f"coordinator-{i}", [sys.executable, "-m", "specdec.cli.app", *mine], pod_env(env, cache), cluster.logs,
+            restart_after_s=5.0 + 10 * i, niceness=BEHIND_RAY,
+        )  # fmt: skip
+        cluster.pods[f"coordinator-{i}"].wait_for("coordinator listening on", START_S)
+        wait_serving(f"127.0.0.1:{port}", START_S)
+        cluster.coordinators.append(f"127.0.0.1:{port}")
 
 
 def _sessions(port: int) -> float | None:
