@@ -10,9 +10,9 @@ import torch
 from tiny import make_tiny_model
 
 from specdec.core import tree
-from specdec.drafts.loading import load_model
 from specdec.runtime import paged_decoder as decoders
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape
+from specdec.runtime.loading import load_model
 from specdec.runtime.paged_decoder import PagedDecoder, paged_decoder
 from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
 
