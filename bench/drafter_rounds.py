@@ -49,7 +49,8 @@ from specdec.core.acceptance import DraftProposal
 from specdec.core.tree import depths, walk
 from specdec.draft_service.ngram import NgramDrafter
 from specdec.draft_service.suffix import SuffixDrafter
-from specdec.drafts.loading import load_model
+from specdec.drafts import loading as draft_loading
+from specdec.runtime.loading import load_model
 from specdec.runtime.models import LoadedModel
 
 ARMS = ("ngram", "suffix", "suffix+tree", "oracle", "oracle_longest")
@@ -225,7 +226,7 @@ def measure(args: argparse.Namespace) -> dict:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
     }
-    draft = load_model(args.draft) if args.draft else None
+    draft = draft_loading.load_model(args.draft) if args.draft else None
     for name, requests in sets.items():
         row = {arm: replay(requests, arm, args) for arm in ARMS}
         base = row["ngram"]["tokens_per_priced_round"]

@@ -47,8 +47,8 @@ from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.hybrid import uses_suffix
-from specdec.drafts.loading import load_tokenizer
 from specdec.local.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
+from specdec.runtime.loading import load_tokenizer
 
 POOL = "specdec-bench-drafters"
 TREE = "+tree"  # an arm suffix: the coordinator asks for token trees

@@ -39,8 +39,8 @@ from specdec.bench.stack import coordinators
 from specdec.bench.suite.concurrency import run_level
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
-from specdec.drafts.loading import load_model
 from specdec.local.stack import LocalStack, StackConfig
+from specdec.runtime.loading import load_model
 
 POOL = "specdec-bench-engine"
 SHORT_PROMPTS = (

@@ -38,9 +38,9 @@ import torch
 from specdec.coordinator.engine import EngineConfig, GenerationRequest
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
-from specdec.drafts.loading import load_model
 from specdec.local.in_process import build_engine
 from specdec.runtime.compiled import COMPILE_MODES
+from specdec.runtime.loading import load_model
 from specdec.target_service.verifier import TargetVerifier, VerifyItem
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

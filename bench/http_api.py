@@ -288,8 +288,8 @@ async def _stack_part(args: argparse.Namespace, pool) -> list[dict]:
     from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
     from specdec.coordinator.remote import connect_engine
     from specdec.coordinator.server import GenerationServer, ServerConfig
-    from specdec.drafts.loading import load_tokenizer
     from specdec.local.stack import LocalStack, StackConfig
+    from specdec.runtime.loading import load_tokenizer
     from specdec.target_service.pool import PoolConfig, TargetPool
 
     tokenizer = load_tokenizer(args.target_model)

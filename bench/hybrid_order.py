@@ -125,7 +125,8 @@ def _model_draft(case: Case, last: int, k: int, min_confidence: float) -> list[i
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from specdec.drafts.loading import load_model
+    from specdec.drafts import loading as draft_loading
+    from specdec.runtime.loading import load_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
@@ -152,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--draft-cost", type=float, default=0.11, help="target steps per model draft token (default 0.11)"
     )
     args = parser.parse_args(argv)
-    target, draft = load_model(args.target_model), load_model(args.draft_model)
+    target, draft = load_model(args.target_model), draft_loading.load_model(args.draft_model)
     prompts = [prompt for _, prompt in FREE_PROSE_PROMPTS + FREE_CODE_PROMPTS]
     case_list = cases(target, draft, prompts, args.tokens)
     print(f"{len(case_list)} free prompts x {args.tokens} greedy tokens, k = {args.k}, model k = {args.model_k}")

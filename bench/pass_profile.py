@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from specdec.bench.prompts import FREE_PROSE_PROMPTS
-    from specdec.drafts.loading import load_model
+    from specdec.runtime.loading import load_model
     from specdec.target_service.verifier import TargetVerifier
 
     loaded = load_model(args.target_model)

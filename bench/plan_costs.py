@@ -187,7 +187,7 @@ def overhead_for(costs, streams: int, tokens_per_s: float, prompt_tokens: int, o
 
 def main(argv: list[str] | None = None) -> int:
     from specdec.bench.single_process import _git_commit
-    from specdec.drafts.loading import load_model
+    from specdec.runtime.loading import load_model
 
     args = parse_args(argv)
     path = args.json or "/tmp/specdec_plan_costs.json"

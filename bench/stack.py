@@ -50,10 +50,11 @@ from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.coordinator.remote import connect_engine
 from specdec.coordinator.server import GenerationServer, ServerConfig
-from specdec.drafts.loading import load_model
+from specdec.drafts import loading as draft_loading
 from specdec.drafts.truncate import first_layers_dir
 from specdec.local.in_process import build_engine
 from specdec.local.stack import LocalStack, StackConfig
+from specdec.runtime.loading import load_model
 from specdec.target_service.pool import PoolConfig, TargetPool
 from specdec.v1 import generation_pb2 as pb
 from specdec.v1 import generation_pb2_grpc
@@ -213,7 +214,7 @@ async def bench_drafter(
     config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=args.adaptive)
     # EOS off everywhere: every method then generates exactly max_new_tokens tokens.
     single = build_engine(
-        replace(target, eos_token_ids=frozenset()), None if spec == "ngram" else load_model(spec), config
+        replace(target, eos_token_ids=frozenset()), None if spec == "ngram" else draft_loading.load_model(spec), config
     )
     stack_config = StackConfig(
         target_model=args.target_model, draft_model=spec, pool_name=POOL, server=ServerConfig(port=0), engine=config

@@ -34,8 +34,8 @@ from specdec.bench.prompts import WORKLOADS, workload
 from specdec.bench.stack import POOL, coordinators, stack_method
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
-from specdec.drafts.loading import load_tokenizer
 from specdec.local.stack import LocalStack, StackConfig
+from specdec.runtime.loading import load_tokenizer
 from specdec.telemetry.trace_file import JsonLinesSpanExporter, read_spans
 
 ARMS = ("traced", "untraced")

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
 from specdec.core.settings import AUTO
-from specdec.drafts.loading import load_tokenizer
+from specdec.runtime.loading import load_tokenizer
 from specdec.runtime.models import EMBEDDED_NAME
 from specdec.target_service.pool import TargetPool
 

@@ -38,8 +38,8 @@ from opentelemetry.propagate import extract
 from specdec.core.acceptance import DraftProposal
 from specdec.core.session_store import SessionStore
 from specdec.core.settings import setting
-from specdec.drafts.loading import load_model
 from specdec.runtime.compiled import COMPILE_MODES
+from specdec.runtime.loading import load_model
 from specdec.runtime.paged_decoder import decoder_name
 from specdec.target_service import metrics
 from specdec.target_service.lookahead import Ahead, plain

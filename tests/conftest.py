@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test may reach a hub
 
 from tiny import make_tiny_model  # noqa: E402
 
-from specdec.drafts.loading import load_model
+from specdec.runtime.loading import load_model  # noqa: E402
 from specdec.runtime.models import LoadedModel  # noqa: E402
 
 TINY_KINDS = ("llama", "gpt2", "gemma3", "gemma2")

@@ -49,9 +49,10 @@ from specdec.bench.suite.spans import read_requests
 from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
+from specdec.drafts import loading as draft_loading
 from specdec.drafts import shipped_draft
-from specdec.drafts.loading import load_model
 from specdec.local.stack import LocalStack, StackConfig, draft_server_ready, spawn_draft_server, terminate
+from specdec.runtime.loading import load_model
 from specdec.telemetry.trace_file import JsonLinesSpanExporter
 
 POOL = "specdec-bench-suite"
@@ -247,7 +248,7 @@ async def run(args: argparse.Namespace) -> dict:
         else []
     )
     draft_spec = None if args.model_drafter == "none" else drafter_spec(_model_drafter(args), args.target_model)
-    assistant = load_model(draft_spec).model if draft_spec and not args.no_peer else None
+    assistant = draft_loading.load_model(draft_spec).model if draft_spec and not args.no_peer else None
     config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=True)
     stack_config = StackConfig(
         target_model=args.target_model,

@@ -45,7 +45,7 @@ def model_directory(target_model: str | None, work: Path) -> Path:
 
     if target_model and Path(target_model).is_dir():
         return Path(target_model)
-    from specdec.drafts.loading import load_model
+    from specdec.runtime.loading import load_model
 
     load_model(target_model)  # converts and caches the checkpoint once, as `specdec demo` does
     converted = _converted(cache_dir() / "models", target_model)

@@ -36,8 +36,8 @@ from specdec.cli.config_flags import add_flags, from_flags
 from specdec.core.settings import setting
 from specdec.distill.data import default_sources, load_corpus
 from specdec.drafts import draft_vocab
-from specdec.drafts.loading import load_model
 from specdec.drafts.pruned_draft import build_pruned_draft, save_pruned_draft, trainable_names
+from specdec.runtime.loading import load_model
 from specdec.runtime.models import LoadedModel
 from specdec.runtime.projection import forward_logits
 

@@ -1,5 +1,5 @@
-"""Draft making and naming any model: `load_model(spec)` (draft specs included), drafts cut from
-their target (first layers, pruned vocabularies) and the draft shipped for the embedded target."""
+"""Draft making and naming a draft: `load_model(spec)` (the runtime loader with the draft formats),
+drafts cut from their target (first layers, pruned vocabularies) and the shipped draft."""
 
 from specdec._exports import lazy_exports
 

@@ -13,8 +13,8 @@ q is exactly zero outside the draft vocabulary: a valid distribution over the ta
 which is all the acceptance rule needs to stay lossless. Training uses `draft_logits` (draft
 columns only) and never builds the full row.
 
-A directory is recognised by its `draft.json`; `specdec.drafts.loading.load_model` hands such a
-directory to `load_pruned_draft`, so `--draft-model DIR` serves it like any other model.
+A directory is recognised by its `draft.json`; `specdec.drafts.loading` passes this format to the
+runtime loader, so `--draft-model DIR` serves it like any other model.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from transformers import PreTrainedModel
 from specdec.core.sampling import SamplingParams, warp
 from specdec.drafts.draft_vocab import load_vocab, save_vocab
 from specdec.drafts.truncate import _decoder_layers, keep_first_layers
-from specdec.runtime.models import LoadedModel, load_checkpoint
+from specdec.runtime.loading import load_model
+from specdec.runtime.models import LoadedModel
 from specdec.runtime.projection import pack_weights, project, use_column_kernels
 
 DRAFT_FILE = "draft.json"  # marks the directory and names the target
@@ -172,7 +173,7 @@ def load_pruned_draft(
     if meta.get("format") != FORMAT:
         raise ValueError(f"{directory}/{DRAFT_FILE}: unknown format {meta.get('format')!r}, expected {FORMAT!r}")
     vocab_ids = load_vocab(directory)
-    target = load_checkpoint(meta["target"], dtype=dtype, device=device, pack=False)  # packed once cut down, below
+    target = load_model(meta["target"], dtype=dtype, device=device, pack=False)  # packed once cut down, below
     model = target.model
     head_weight = model.get_output_embeddings().weight
     if (

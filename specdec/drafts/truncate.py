@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.runtime.models import build_atomically, cache_dir, load_checkpoint
+from specdec.runtime.loading import load_model
+from specdec.runtime.models import build_atomically, cache_dir
 
 
 def first_layers_dir(target_spec: str | None, num_layers: int) -> Path:
@@ -28,7 +29,7 @@ def first_layers_dir(target_spec: str | None, num_layers: int) -> Path:
 
 
 def _save_first_layers(target_spec: str | None, num_layers: int, out: Path) -> None:
-    loaded = load_checkpoint(target_spec)
+    loaded = load_model(target_spec)
     keep_first_layers(loaded.model, num_layers)
     loaded.model.save_pretrained(out)
     loaded.tokenizer.save_pretrained(out)

@@ -20,7 +20,8 @@ from specdec.draft_service.hybrid import HybridDrafter, parse_spec
 from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.draft_service.ngram import NgramDrafter
 from specdec.draft_service.suffix import SuffixDrafter
-from specdec.drafts.loading import load_model
+from specdec.drafts import loading as draft_loading
+from specdec.runtime.loading import load_model
 from specdec.runtime.models import LoadedModel
 from specdec.target_service.verifier import TargetVerifier
 
@@ -138,7 +139,9 @@ def build_engine(
 
 def load_pair(target_model: str | None, draft_model: str | None) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the models the flags name: target None is the embedded default, draft "ngram" (or
-    None) is the model-free drafter, "hybrid:SPEC" loads SPEC (pass hybrid=True to build_engine)."""
+    None) is the model-free drafter, "hybrid:SPEC" loads SPEC (pass hybrid=True to build_engine).
+    The target loads through the runtime loader alone; only the draft knows the draft formats."""
     target = load_model(target_model)
-    draft = None if draft_model in (None, "ngram", "suffix") else load_model(parse_spec(draft_model) or draft_model)
-    return target, draft
+    if draft_model in (None, "ngram", "suffix"):
+        return target, None
+    return target, draft_loading.load_model(parse_spec(draft_model) or draft_model)

@@ -21,8 +21,8 @@ from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.remote import connect_engine
 from specdec.coordinator.server import GenerationServer, ServerConfig
 from specdec.core.settings import setting
-from specdec.drafts.loading import prepare
 from specdec.runtime.compiled import COMPILE_MODES
+from specdec.runtime.loading import prepare
 from specdec.target_service.actor import ActorConfig
 from specdec.target_service.pool import NAMESPACE, PREFIX, PoolConfig, TargetPool, launch
 from specdec.telemetry.metrics import MetricsServer

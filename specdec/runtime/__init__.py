@@ -1,10 +1,14 @@
-"""The model runtime: checkpoint loading, the KV block pool, the ragged batched forward with
+"""The model runtime: the one model loader, the KV block pool, the ragged batched forward with
 paged attention, and the CPU kernels."""
 
 from specdec._exports import lazy_exports
 
 _EXPORTS = {
     "LoadedModel": "models",
+    "ModelFormat": "loading",
+    "load_model": "loading",
+    "load_tokenizer": "loading",
+    "prepare": "loading",
     "load_checkpoint": "models",
     "load_checkpoint_tokenizer": "models",
     "prepare_checkpoint": "models",

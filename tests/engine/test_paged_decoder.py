@@ -12,9 +12,9 @@ from tiny import PHI3_ORIGINAL_POSITIONS, llama_config, make_tiny_model, save_ra
 from transformers import LlamaForCausalLM
 
 from specdec.core import tree
-from specdec.drafts.loading import load_model
 from specdec.runtime import paged_decoder as decoders
 from specdec.runtime.kv_pool import BlockTable, KVBlockPool, KVShape
+from specdec.runtime.loading import load_model
 from specdec.runtime.paged_decoder import PagedDecoder, paged_decoder
 from specdec.runtime.ragged import Row, ragged_forward, use_paged_attention
 

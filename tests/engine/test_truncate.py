@@ -10,9 +10,9 @@ import torch
 from reference import target_only
 
 from specdec.coordinator.engine import EngineConfig, GenerationRequest
-from specdec.drafts.loading import load_model
 from specdec.drafts.truncate import first_layers_dir
 from specdec.local.in_process import build_engine
+from specdec.runtime.loading import load_model
 
 PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17]
 
