@@ -399,7 +399,8 @@ class TargetActor:
         preempted = self.verifier.sessions.evicted.pressure
         metrics.KV_PREEMPTIONS.inc(preempted - self._preempted)
         self._preempted = preempted
-        for round_, result in zip(live, results):
+        for round_ in live:
+            result = results.get(round_.item)
             if result is None:
                 continue  # needs another pass
             if isinstance(result, ItemRejected):
