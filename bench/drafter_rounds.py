@@ -43,7 +43,7 @@ import torch
 
 from specdec.bench import heldout
 from specdec.bench.single_process import _git_commit
-from specdec.coordinator.adaptive import CostModel, DraftLengthPolicy, RoundPlan
+from specdec.coordinator.adaptive import CostModel, DraftLengthPolicy, DraftLengths
 from specdec.coordinator.engine import EngineConfig
 from specdec.core.acceptance import DraftProposal
 from specdec.core.tree import depths, walk
@@ -166,11 +166,11 @@ def replay(requests: list[dict[str, list[int]]], arm: str, args: argparse.Namesp
             if arm in ORACLES:
                 hit, positions = oracle(context, earlier, truth[: args.k], longest=arm == "oracle_longest"), 1
             else:
-                k = policy.plan(args.k, 1).k
+                k = policy.choose(args.k, 1).k
                 draft, parents = _propose(arm, ngram, suffix, context, k) if k > 0 else ([], [])
                 hit, positions = accepted(draft, parents, truth), len(draft) + 1
                 source = "ngram" if arm == "ngram" else "suffix"
-                planned = RoundPlan(k, None, "adaptive")
+                planned = DraftLengths(k, None, "adaptive")
                 policy.observe(planned, DraftProposal(draft, source=source), False, hit, 0.0, cost(positions))
             step = min(hit + 1, len(truth))
             context += truth[:step]

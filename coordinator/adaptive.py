@@ -25,10 +25,10 @@ where the context repeats (microseconds, often accepted) and with its model else
 step per token, accepted far less): one α and one cost for both would make k a compromise,
 too short where lookups are right and too long where the model is wrong. So α is kept per
 source class, draft costs too, and a round asks for the lookup's best k with the model capped
-at its own (`plan`).
+at its own (`draft_lengths`).
 
-`DraftLengthPolicy` is the per-request object the engine asks before each round (`plan`) and
-tells after it (`observe`).
+`DraftLengthPolicy` is the per-request object the engine asks before each round (`choose`, the
+round's `DraftLengths`) and tells after it (`observe`).
 
 When the best k is 0 the request still probes with k = 1 every `probe_every` rounds, so a
 request whose text starts to repeat, or a tier whose load drops, gets speculation back; below
@@ -257,23 +257,30 @@ class SourcedAcceptance:
         return self.by_class[cls].alpha
 
 
-class Plan(NamedTuple):
+class DraftLengths(NamedTuple):
+    """A round's draft lengths: what the engine asks the draft tier for."""
+
     k: int  # the round's most drafts
     model_k: int | None  # the most a draft model may propose, when below k; None: k
+    why: str = (
+        "adaptive"  # what set k: "fixed", "prefill", "adaptive", "probe", "load" or "slo" (the round span's k_policy)
+    )
 
 
-def plan(acceptance: SourcedAcceptance, costs: CostModel, k_max: int, seen: set[str], rows: int = 1) -> Plan:
+def draft_lengths(
+    acceptance: SourcedAcceptance, costs: CostModel, k_max: int, seen: set[str], rows: int = 1
+) -> DraftLengths:
     """The round's k from the source classes the draft tier has answered with so far (`seen`):
     one class, its own best k; both (a hybrid), the lookup's best k with the model's as its cap.
     `rows`: the rounds its pass is expected to carry."""
     k_lookup = best_k(acceptance.alpha(LOOKUP), costs, k_max, LOOKUP, rows)
     k_model = best_k(acceptance.alpha(MODEL), costs, k_max, MODEL, rows)
     if seen == {LOOKUP}:
-        return Plan(k_lookup, None)
+        return DraftLengths(k_lookup, None)
     if seen != {LOOKUP, MODEL}:
-        return Plan(k_model, None)  # a model, or nothing seen yet (the priors agree then)
+        return DraftLengths(k_model, None)  # a model, or nothing seen yet (the priors agree then)
     k = max(k_lookup, k_model)
-    return Plan(k, k_model if k_model < k else None)
+    return DraftLengths(k, k_model if k_model < k else None)
 
 
 def best_k(alpha: float, costs: CostModel, k_max: int, source: str = MODEL, rows: int = 1) -> int:
@@ -315,21 +322,15 @@ class PolicySettings(Protocol):
     itl_slo_ms: float
 
 
-class RoundPlan(NamedTuple):
-    k: int  # the round's most drafts
-    model_k: int | None  # the most a draft model may propose, when below k; None: k
-    why: str  # what set k: "fixed", "prefill", "adaptive", "probe", "load" or "slo" (the round span's k_policy)
-
-
 # A request's first round carries its prompt's prefill and drafts nothing: its pass starts at once
 # rather than after a proposal over the whole prompt, so the first token reaches the client a
 # draft call sooner; under load the draft tier meets every new prompt at once (measured in
 # docs/performance.md, "Headline").
-PREFILL = RoundPlan(0, None, "prefill")
+PREFILL = DraftLengths(0, None, "prefill")
 
 
 class DraftLengthPolicy:
-    """One request's draft length: `plan` before each round, `observe` after it (the shape of
+    """One request's draft length: `choose` before each round, `observe` after it (the shape of
     transformers' candidate generator with its `update_candidate_strategy`).
 
     `costs` and `sources` are the engine's, shared by its requests: a cost measured in one request
@@ -352,43 +353,43 @@ class DraftLengthPolicy:
         self._model_drafted_last_round = False
         self._since_probe = self._since_probe_up = self._since_model_probe = 0
 
-    def plan(self, cap: int, running: int) -> RoundPlan:
-        """This round's plan, k at most `cap`, with `running` requests generating on the engine."""
+    def choose(self, cap: int, running: int) -> DraftLengths:
+        """This round's lengths, k at most `cap`, with `running` requests generating on the engine."""
         cfg = self.settings
         if cap <= 0 or self.fixed:
-            return RoundPlan(max(cap, 0), None, "fixed")
+            return DraftLengths(max(cap, 0), None, "fixed")
         if cfg.speculation_max_running and running > cfg.speculation_max_running:
-            return RoundPlan(0, None, "load")
+            return DraftLengths(0, None, "load")
         budget = cfg.speculation_token_budget
         share = budget // max(running, 1) - 1 if budget > 0 else cap  # this request's positions of a pass, less its own
         if share <= 0:
-            return RoundPlan(0, None, "load")
+            return DraftLengths(0, None, "load")
         limit = min(cap, share)
         slo_capped = False
         if cfg.itl_slo_ms > 0:
             within = slo_k(self.costs, cfg.itl_slo_ms / 1000, limit, self.rows, self._draft_class())
             if within == 0:  # no probe either: a probe's longer pass is a gap over the objective
-                return RoundPlan(0, None, "slo")
+                return DraftLengths(0, None, "slo")
             slo_capped, limit = within < limit, within
-        chosen = plan(self.acceptance, self.costs, limit, self.sources, self.rows)
+        chosen = draft_lengths(self.acceptance, self.costs, limit, self.sources, self.rows)
         self._since_probe = 0 if chosen.k > 0 else self._since_probe + 1
         if chosen.k == 0 and self._since_probe >= cfg.probe_every:
             self._since_probe = 0
-            return RoundPlan(1, None, "probe")
+            return DraftLengths(1, None, "probe")
         # One draft more than the best now and then: a length measured once, in a stall, would
         # otherwise never be chosen, so never measured again.
         self._since_probe_up = self._since_probe_up + 1 if 0 < chosen.k < limit else 0
         if self._since_probe_up >= cfg.probe_every:
             self._since_probe_up = 0
-            return RoundPlan(chosen.k + 1, chosen.model_k, "probe")
+            return DraftLengths(chosen.k + 1, chosen.model_k, "probe")
         # A hybrid whose model is capped at 0 still asks it for one token now and then.
         self._since_model_probe = self._since_model_probe + 1 if chosen.model_k == 0 else 0
         if chosen.model_k == 0 and self._since_model_probe >= cfg.probe_every:
             self._since_model_probe = 0
-            return RoundPlan(chosen.k, 1, "probe")
+            return DraftLengths(chosen.k, 1, "probe")
         if slo_capped and chosen.k == limit:
-            return RoundPlan(chosen.k, chosen.model_k, "slo")
-        return RoundPlan(
+            return DraftLengths(chosen.k, chosen.model_k, "slo")
+        return DraftLengths(
             chosen.k, chosen.model_k, "load" if self._load_shortened(chosen, limit, share, cap) else "adaptive"
         )
 
@@ -397,11 +398,11 @@ class DraftLengthPolicy:
         with lookups only, else a model's (a hybrid's model may run)."""
         return LOOKUP if self.sources == {LOOKUP} else MODEL
 
-    def _load_shortened(self, chosen: Plan, limit: int, share: int, cap: int) -> bool:
+    def _load_shortened(self, chosen: DraftLengths, limit: int, share: int, cap: int) -> bool:
         """The load set this k: the budget's share capped it, or alone in a pass it would draft more."""
         if share < cap and chosen.k == share:
             return True
-        return self.rows > 1 and chosen.k < plan(self.acceptance, self.costs, limit, self.sources).k
+        return self.rows > 1 and chosen.k < draft_lengths(self.acceptance, self.costs, limit, self.sources).k
 
     def pipelined_model_k(self, model_k: int | None) -> int | None:
         """The model cap of a call made during a verify pass. A hybrid's is a lookup only: its model
@@ -411,7 +412,7 @@ class DraftLengthPolicy:
 
     def observe(
         self,
-        planned: RoundPlan,
+        lengths: DraftLengths,
         proposal: DraftProposal,
         fallback: bool,
         accepted: int,
@@ -428,12 +429,12 @@ class DraftLengthPolicy:
             self.rows = cost.rows
         self.rounds += 1
         source = source_class(proposal.source)
-        answered = planned.k > 0 and not fallback and (drafted > 0 or proposal.source != "")
+        answered = lengths.k > 0 and not fallback and (drafted > 0 or proposal.source != "")
         if answered:  # a model that declined every draft answered too
             self.sources.add(source)
         # A model that declined every draft it was allowed (its confidence stop) still ran: for
         # planning that is one draft the target rejected, or a model-only engine keeps asking it.
-        declined = int(answered and source == MODEL and drafted == 0 and planned.model_k != 0)
+        declined = int(answered and source == MODEL and drafted == 0 and lengths.model_k != 0)
         if source == LOOKUP or self._model_drafted_last_round:  # lookups have no catch-up to exclude
             self.costs.observe_draft(drafted + declined, draft_s, source)
         self._model_drafted_last_round = answered and source == MODEL

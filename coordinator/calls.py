@@ -161,6 +161,24 @@ class Calls:
         the deadline `timeout_s` (None: none). Returns the finished call, whose code is OK, or
         CANCELLED when `on_delta` raised `CallEnded`; raises `CallFailed` for every other end, and
         CancelledError when the caller's task is cancelled (the engine's sessions ended first)."""
+        call = self._admit(request, call_id)
+        try:
+            with self.tracer.start_as_current_span(
+                span.name, context=span.parent, kind=trace.SpanKind.SERVER, attributes=self._attributes(request, span)
+            ) as server_span:
+                call.trace_id = trace_id(server_span)
+                try:
+                    await self._generate(request, method, timeout_s, on_delta, call)
+                finally:
+                    server_span.set_attributes({**call.span_attributes(), **span.status_attributes(call.code)})
+                    if call.code is not grpc.StatusCode.OK:
+                        server_span.set_status(trace.Status(trace.StatusCode.ERROR, call.code.name))
+        finally:
+            self._finish(call, method)
+        return call
+
+    def _admit(self, request: GenerationRequest, call_id: str | None) -> Call:
+        """The call, counted in flight; `CallFailed` (RESOURCE_EXHAUSTED) beyond `max_inflight`."""
         if self.stats.in_flight >= self.max_inflight:
             metrics.REQUESTS.labels("", grpc.StatusCode.RESOURCE_EXHAUSTED.name).inc()
             raise CallFailed(
@@ -178,6 +196,10 @@ class Calls:
                 or "\n".join(f"{m.role}: {m.content}" for m in request.messages)
                 or " ".join(map(str, request.prompt_token_ids))
             )
+        return call
+
+    def _attributes(self, request: GenerationRequest, span: CallSpan) -> dict:
+        """The server span's attributes at its start: the transport's, and the request's."""
         attributes = {
             **span.attributes,
             "gen_ai.operation.name": "chat" if request.messages else "text_completion",
@@ -186,50 +208,47 @@ class Calls:
         }
         if request.max_new_tokens is not None:
             attributes["gen_ai.request.max_tokens"] = request.max_new_tokens
+        return attributes
+
+    async def _generate(
+        self, request: GenerationRequest, method: str, timeout_s: float | None, on_delta: OnDelta, call: Call
+    ) -> None:
+        """Run the engine for `call` within the deadline; set its code from how it ended, and turn
+        every end but OK, CANCELLED and the caller's cancellation into `CallFailed`."""
         try:
-            with self.tracer.start_as_current_span(
-                span.name, context=span.parent, kind=trace.SpanKind.SERVER, attributes=attributes
-            ) as server_span:
-                call.trace_id = trace_id(server_span)
-                try:
-                    await _bounded(
-                        asyncio.create_task(self._consume(request, on_delta, call)),
-                        timeout_s,
-                        lambda: call.delivered,
-                    )
-                    call.code = grpc.StatusCode.OK
-                except CallEnded:
-                    call.code = grpc.StatusCode.CANCELLED  # the client left while we wrote
-                except InvalidArgument as e:
-                    call.code = grpc.StatusCode.INVALID_ARGUMENT
-                    raise CallFailed(call.code, str(e), e.field, e.message) from e
-                except TimeoutError as e:
-                    call.code = grpc.StatusCode.DEADLINE_EXCEEDED
-                    raise CallFailed(call.code, "the deadline passed during generation") from e
-                except TargetUnavailable as e:
-                    call.code = grpc.StatusCode.UNAVAILABLE
-                    raise CallFailed(call.code, f"target tier: {e}") from e
-                except TargetOverloaded as e:
-                    call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
-                    raise CallFailed(call.code, f"target tier: {e}") from e
-                except asyncio.CancelledError:
-                    call.code = grpc.StatusCode.CANCELLED
-                    raise
-                except Exception as e:  # any other failure is the server's, not the caller's
-                    log.exception("%s failed", method)
-                    call.code = grpc.StatusCode.INTERNAL
-                    raise CallFailed(call.code, f"{type(e).__name__}: {e}") from e
-                finally:
-                    server_span.set_attributes({**call.span_attributes(), **span.status_attributes(call.code)})
-                    if call.code is not grpc.StatusCode.OK:
-                        server_span.set_status(trace.Status(trace.StatusCode.ERROR, call.code.name))
-        finally:
-            self._leave(call)
-            self.stats.requests += 1
-            self.stats.failed += call.code is not grpc.StatusCode.OK
-            metrics.REQUESTS.labels(call.finish_reason, call.code.name).inc()
-            log.info("%s", call.log_line(method))
-        return call
+            await _bounded(
+                asyncio.create_task(self._consume(request, on_delta, call)), timeout_s, lambda: call.delivered
+            )
+            call.code = grpc.StatusCode.OK
+        except CallEnded:
+            call.code = grpc.StatusCode.CANCELLED  # the client left while we wrote
+        except InvalidArgument as e:
+            call.code = grpc.StatusCode.INVALID_ARGUMENT
+            raise CallFailed(call.code, str(e), e.field, e.message) from e
+        except TimeoutError as e:
+            call.code = grpc.StatusCode.DEADLINE_EXCEEDED
+            raise CallFailed(call.code, "the deadline passed during generation") from e
+        except TargetUnavailable as e:
+            call.code = grpc.StatusCode.UNAVAILABLE
+            raise CallFailed(call.code, f"target tier: {e}") from e
+        except TargetOverloaded as e:
+            call.code = grpc.StatusCode.RESOURCE_EXHAUSTED
+            raise CallFailed(call.code, f"target tier: {e}") from e
+        except asyncio.CancelledError:
+            call.code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as e:  # any other failure is the server's, not the caller's
+            log.exception("%s failed", method)
+            call.code = grpc.StatusCode.INTERNAL
+            raise CallFailed(call.code, f"{type(e).__name__}: {e}") from e
+
+    def _finish(self, call: Call, method: str) -> None:
+        """The call's end, whatever it was: out of admission, counted, and its log line."""
+        self._leave(call)
+        self.stats.requests += 1
+        self.stats.failed += call.code is not grpc.StatusCode.OK
+        metrics.REQUESTS.labels(call.finish_reason, call.code.name).inc()
+        log.info("%s", call.log_line(method))
 
     async def _consume(self, request: GenerationRequest, on_delta: OnDelta, call: Call) -> None:
         waiting = True  # until the first round's tokens: vLLM's "waiting" (the autoscalers' signal)

@@ -7,7 +7,7 @@ caches are derived from it, which is why either side may lose a session and just
 k = 0 is plain decoding through the same path.
 
 What flows through a round, by type: `GenerationRequest` in, checked and tokenized by
-`RequestValidator` (validation.py) into `Prepared`; each round a `RoundPlan` (adaptive.py), the
+`RequestValidator` (validation.py) into `Prepared`; each round its `DraftLengths` (adaptive.py), the
 `Drafts` of the draft side (drafting.py, where the `Proposer` interface lives), one
 `Verification` (specdec/core/acceptance.py) and the `Committed` tokens and text; out, one `Delta`
 per round.
@@ -29,7 +29,7 @@ from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
 from specdec.coordinator import observe
-from specdec.coordinator.adaptive import PREFILL, CostModel, DraftLengthPolicy, RoundPlan
+from specdec.coordinator.adaptive import PREFILL, CostModel, DraftLengthPolicy, DraftLengths
 from specdec.coordinator.chat import ChatMessage, ChatTemplate
 from specdec.coordinator.drafting import Drafts, DraftSide, Proposer
 from specdec.coordinator.text import OutputText
@@ -226,7 +226,7 @@ class SpeculativeEngine:
         self.chat = ChatTemplate(target.tokenizer, config.chat_template)
         self.validator = RequestValidator(target, config, self.chat)
         self.costs = CostModel()  # draft and verify costs, learned from every round of every request
-        self.draft_sources: set[str] = set()  # source classes the draft tier has answered with (adaptive.plan)
+        self.draft_sources: set[str] = set()  # source classes the draft tier has answered with (adaptive.draft_lengths)
         self.running = 0  # requests generating now (load awareness)
         self._ending: set[asyncio.Task] = set()  # draft sessions still ending after their request
 
@@ -244,8 +244,8 @@ class SpeculativeEngine:
             while True:
                 cap = g.draft_room(len(g.tokens))
                 first = g.stats.rounds == 0 and not g.policy.fixed  # a fixed k drafts from the start
-                planned = PREFILL if first else g.policy.plan(cap, self.running)
-                committed = await self._round(g, cap, planned)
+                lengths = PREFILL if first else g.policy.choose(cap, self.running)
+                committed = await self._round(g, cap, lengths)
                 g.tokens.extend(committed.token_ids)
                 if first_token_s is None and committed.token_ids:
                     first_token_s = self.clock() - started
@@ -266,13 +266,13 @@ class SpeculativeEngine:
                 self.verifier.end_session(g.session_id),
             )
 
-    async def _round(self, g: _Generation, cap: int, planned: RoundPlan) -> Committed:
+    async def _round(self, g: _Generation, cap: int, lengths: DraftLengths) -> Committed:
         """One round, at most `cap` drafts: drafts, one verify pass (the next round's drafts asked
         for meanwhile), commit."""
-        with observe.round_span(self.tracer, g.stats.rounds, cap, planned.why) as span:
+        with observe.round_span(self.tracer, g.stats.rounds, cap, lengths.why) as span:
             hits = g.drafts.pipelined_hits
             t0 = self.clock()
-            drafts = self._in_vocabulary(await g.drafts.propose(g.tokens, planned.k, planned.model_k))
+            drafts = self._in_vocabulary(await g.drafts.propose(g.tokens, lengths.k, lengths.model_k))
             proposal, fallback = drafts.proposal, drafts.fallback
             t1 = self.clock()
             verifying = asyncio.ensure_future(
@@ -281,8 +281,8 @@ class SpeculativeEngine:
             # The next round's k is not known before this one is verified: ask for this round's,
             # or one if it drafted none (a prefix of a longer draft serves too).
             next_room = g.draft_room(len(g.tokens) + len(proposal.token_ids) + 1)
-            next_model_k = g.policy.pipelined_model_k(planned.model_k)
-            g.drafts.prefetch(g.tokens, proposal, drafts.guess, min(max(planned.k, 1), next_room), next_model_k)
+            next_model_k = g.policy.pipelined_model_k(lengths.model_k)
+            g.drafts.prefetch(g.tokens, proposal, drafts.guess, min(max(lengths.k, 1), next_room), next_model_k)
             result = await verifying
             t2 = self.clock()
             committed = Committed(*g.output.add(result.accepted_ids[: g.room()]))
@@ -294,7 +294,7 @@ class SpeculativeEngine:
                 tree=proposal.parents is not None and not is_chain(proposal.parents),
             )  # fmt: skip
         g.policy.observe(
-            planned, proposal, fallback, result.num_accepted, draft_s=t1 - t0, verify_s=t2 - t1, cost=result.cost
+            lengths, proposal, fallback, result.num_accepted, draft_s=t1 - t0, verify_s=t2 - t1, cost=result.cost
         )
         g.stats.record(len(proposal.token_ids), result.num_accepted)
         g.stats.draft_wait_s += t1 - t0

@@ -1,7 +1,7 @@
-"""The target tier: the scheduler (admission, token budget, chunking, preemption: a named plan
-per pass), the verifier (runs a plan in one batched target pass and applies the acceptance rule),
-the Ray actor that serves it, and the pool that places sessions on actors and resends a lost
-context."""
+"""The target tier: the scheduler (admission, token budget, chunking, preemption: a `PassPlan`
+per pass), the verifier (runs it in one batched target pass, applies the acceptance rule and
+answers each round by its item: `PassResults`), the Ray actor that serves it, and the pool that
+places sessions on actors and resends a lost context."""
 
 from specdec._exports import lazy_exports
 
@@ -9,6 +9,7 @@ _EXPORTS = {
     "TargetVerifier": "verifier",
     "Scheduler": "scheduler",
     "PassPlan": "scheduler",
+    "PassResults": "verifier",
     "TargetActor": "actor",
     "ActorConfig": "actor",
     "TargetPool": "pool",

@@ -107,24 +107,7 @@ class TargetActor:
     def __init__(self, config: ActorConfig):
         self.config = config
         self._spans = configure_tracing("specdec-target", memory=config.trace_in_memory, file=config.trace_file)
-        cuda = torch.cuda.is_available()
-        # Ray sets OMP_NUM_THREADS to the actor's CPU reservation (1 unless told): without this
-        # a CPU target would run its matmuls on one core of however many it holds.
-        threads = torch.get_num_threads() if cuda else config.cpus
-        torch.set_num_threads(threads)
-        dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
-        self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
-        store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=cached_tokens)
-        self.verifier = TargetVerifier(
-            self.loaded, store, config.kv_cache_bytes, config.max_pass_tokens, compile_mode=config.compile
-        )
-        decoder = decoder_name(self.loaded.model)
-        metrics.DECODER.info({"decoder": decoder, "model_type": self.loaded.model.config.model_type})
-        log.info(
-            "target %s (%s) runs on the %s decoder", self.loaded.name, self.loaded.model.config.model_type, decoder
-        )
-        # Passes timed before any round, for the coordinators' draft-length policy (`info`).
-        self.pass_seconds = self.verifier.profile_passes()
+        threads = self._load(config)
         self._queue: list[_Round] = []
         self._running = 0  # rounds in the pass now running
         # Every pass runs on this one thread: torch's OpenMP team belongs to the thread that
@@ -150,6 +133,36 @@ class TargetActor:
         # check them against the bounds).
         self.peaks = {"sessions": 0, "cached_tokens": 0, "queued": 0, "kv_blocks": 0}
         self.started_at = time.time()
+        self._preempted = 0
+        self.draining = False  # set by `drain`: every round is answered `overloaded` from then on
+        self._serve_metrics(config)
+        self._watch_cluster()
+
+    def _load(self, config: ActorConfig) -> int:
+        """Load the target and its verifier on this actor's device, and time its passes; returns
+        the torch threads every pass runs with."""
+        cuda = torch.cuda.is_available()
+        # Ray sets OMP_NUM_THREADS to the actor's CPU reservation (1 unless told): without this
+        # a CPU target would run its matmuls on one core of however many it holds.
+        threads = torch.get_num_threads() if cuda else config.cpus
+        torch.set_num_threads(threads)
+        dtype = torch.bfloat16 if cuda and config.half_precision else torch.float32
+        self.loaded = load_model(config.target_model, dtype=dtype, device="cuda" if cuda else "cpu")
+        store = SessionStore(config.max_sessions, config.max_cached_tokens, config.session_ttl_s, size=cached_tokens)
+        self.verifier = TargetVerifier(
+            self.loaded, store, config.kv_cache_bytes, config.max_pass_tokens, compile_mode=config.compile
+        )
+        decoder = decoder_name(self.loaded.model)
+        metrics.DECODER.info({"decoder": decoder, "model_type": self.loaded.model.config.model_type})
+        log.info(
+            "target %s (%s) runs on the %s decoder", self.loaded.name, self.loaded.model.config.model_type, decoder
+        )
+        # Passes timed before any round, for the coordinators' draft-length policy (`info`).
+        self.pass_seconds = self.verifier.profile_passes()
+        return threads
+
+    def _serve_metrics(self, config: ActorConfig) -> None:
+        """Gauges read from the verifier when scraped, and the server that answers scrapes."""
         # Read when scraped: an actor whose coordinator died gets no more calls, and a scrape
         # then expires the sessions by TTL and shows them gone.
         metrics.SESSIONS.set_function(lambda: len(self.verifier.sessions))
@@ -160,14 +173,14 @@ class TargetActor:
             lambda: self.verifier.pool.used_blocks / max(1, self.verifier.pool.num_blocks)
         )
         metrics.ROUNDS_RUNNING.set_function(lambda: self._running)
-        self._preempted = 0
-        self.draining = False  # set by `drain`: every round is answered `overloaded` from then on
         # The first free port from metrics_port on: actors sharing a node count up from it.
         self.metrics = MetricsServer(config.metrics_host, config.metrics_port, search=64)
-        # A node of a replaced cluster (its head restarted without GCS fault tolerance) serves
-        # nobody: end it now, so that its pod restarts into the new cluster, where the pool
-        # keeper recreates this actor (Ray ends it too, but only once its own failure detection
-        # notices, while the node keeps holding sessions that no coordinator can reach).
+
+    def _watch_cluster(self) -> None:
+        """A node of a replaced cluster (its head restarted without GCS fault tolerance) serves
+        nobody: end it now, so that its pod restarts into the new cluster, where the pool keeper
+        recreates this actor (Ray ends it too, but only once its own failure detection notices,
+        while the node keeps holding sessions that no coordinator can reach)."""
         self._left = threading.Event()
         if ray.is_initialized():
             watch_cluster(ray.get_runtime_context().gcs_address, _end_node, self._left)
@@ -399,7 +412,8 @@ class TargetActor:
         preempted = self.verifier.sessions.evicted.pressure
         metrics.KV_PREEMPTIONS.inc(preempted - self._preempted)
         self._preempted = preempted
-        for round_, result in zip(live, results):
+        for round_ in live:
+            result = results.get(round_.item)
             if result is None:
                 continue  # needs another pass
             if isinstance(result, ItemRejected):

@@ -41,8 +41,11 @@ from specdec.target_service.protocol import VerifyRequest
 DEFAULT_PASS_TOKENS = 256  # new tokens per pass: a prefill beyond it goes in chunks
 
 
-@dataclass
+@dataclass(eq=False)
 class VerifyItem:
+    """One round to verify. Known by identity, not by value: a pass's results are keyed by the
+    item itself, and two rounds of one session may wait in the same pass (equal or not)."""
+
     session_id: str
     tokens: Sequence[int]  # the committed sequence (prompt + generated)
     proposal: DraftProposal  # k drafts to check (k may be 0)
@@ -57,7 +60,7 @@ class ItemRejected(ValueError):
 class ScheduledRow:
     """One row of a pass: an item's session, grown by the row's tokens (its blocks are reserved)."""
 
-    item: int  # index of its VerifyItem among the items planned
+    item: VerifyItem  # the round this row feeds
     session: PagedSession
     row: Row  # what the ragged forward takes: the new tokens, the logits kept, a tree's parents
     decides: bool  # the round's last row (its k+1 logits decide it); else a prefill chunk (keep 0)
@@ -70,7 +73,7 @@ class PassPlan:
     session slot, or for budget; or a second round of a session already in the pass)."""
 
     rows: list[ScheduledRow] = field(default_factory=list)
-    rejected: dict[int, ItemRejected] = field(default_factory=dict)  # item index -> why it can never run
+    rejected: dict[VerifyItem, ItemRejected] = field(default_factory=dict)  # why each can never run
     tokens: int = 0  # new tokens the rows feed: within the budget, but for a first row (see the module)
 
     @property
@@ -145,16 +148,16 @@ class Scheduler:
         # Whole rounds first (decode and verify rows), then prefill chunks in what is left:
         # a long prompt never takes the budget from the rows beside it.
         for chunks in (False, True):
-            for i, item in enumerate(items):
+            for item in items:
                 budget = self.pass_tokens - plan.tokens
                 if budget <= 0:
                     break
-                if i in plan.rejected or item.session_id in in_pass:
+                if item in plan.rejected or item.session_id in in_pass:
                     continue  # rejected, or planned already, or a second round of a session in the pass
                 try:
-                    scheduled = self._row(i, item, budget, chunks, first=chunks and not plan.rows)
+                    scheduled = self._row(item, budget, chunks, first=chunks and not plan.rows)
                 except ItemRejected as error:
-                    plan.rejected[i] = error
+                    plan.rejected[item] = error
                     continue
                 if scheduled is None:
                     continue
@@ -163,7 +166,7 @@ class Scheduler:
                 plan.tokens += len(scheduled.row.tokens)
         return plan
 
-    def _row(self, i: int, item: VerifyItem, budget: int, chunks: bool, first: bool) -> ScheduledRow | None:
+    def _row(self, item: VerifyItem, budget: int, chunks: bool, first: bool) -> ScheduledRow | None:
         """This pass's row for `item`: the whole rest of its round, or (when `chunks`) a chunk of
         its prefill; None when it must wait."""
         context, drafts = list(item.tokens), list(item.proposal.token_ids)
@@ -186,7 +189,7 @@ class Scheduler:
             return None
         parents = _tree_of(item.proposal) if final else None
         row = Row(session.table, new, len(drafts) + 1 if final else 0, parents)
-        return ScheduledRow(i, session, row, final)
+        return ScheduledRow(item, session, row, final)
 
     def _check(self, item: VerifyItem, context: list[int], drafts: list[int]) -> None:
         """Raise ItemRejected when `item` can never be served, whatever the pass."""

@@ -55,8 +55,11 @@ from specdec.target_service.scheduler import (
 # 16 positions, then batches of them.
 PROFILED_POSITIONS = (1, 2, 3, 5, 9, 17, 32, 64, 128)
 
+# What one pass settles, by the round it belongs to (absent: the round needs another pass).
+PassResults = dict[VerifyItem, Verification | Exception]
+
 # The verifier's interface: callers build VerifyItems and meet ItemRejected in step's results.
-__all__ = ["DEFAULT_PASS_TOKENS", "ItemRejected", "TargetVerifier", "VerifyItem"]
+__all__ = ["DEFAULT_PASS_TOKENS", "ItemRejected", "PassResults", "TargetVerifier", "VerifyItem"]
 
 
 class TargetVerifier:
@@ -101,30 +104,29 @@ class TargetVerifier:
 
     def verify_batch(self, items: Sequence[VerifyItem]) -> list[Verification]:
         """Verify the rounds of several sessions, in as few passes as the budgets allow; per-item
-        results equal one-at-a-time results (same logits up to fp32 rounding, same keyed draws)."""
-        results: list[Verification | Exception | None] = [None] * len(items)
-        pending = list(range(len(items)))
+        results equal one-at-a-time results (same logits up to fp32 rounding, same keyed draws).
+        Returned in the order of `items`; the first item that fails raises."""
+        results: dict[VerifyItem, Verification | Exception] = {}
+        pending = list(items)
         while pending:
-            for i, result in zip(pending, self.step([items[i] for i in pending])):
-                results[i] = result
-            pending = [i for i in pending if results[i] is None]
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results  # type: ignore[return-value]
+            results.update(self.step(pending))
+            pending = [item for item in pending if item not in results]
+        for item in items:
+            if isinstance(results[item], Exception):
+                raise results[item]
+        return [results[item] for item in items]  # type: ignore[misc]
 
     @torch.inference_mode()
-    def step(self, items: Sequence[VerifyItem]) -> list[Verification | Exception | None]:
-        """One forward pass over as much of `items` as fits. Per item: its Verification, the
-        exception that fails it alone, or None when it needs another pass (a chunk of its
-        prefill went in, or it waits for blocks)."""
-        results: list[Verification | Exception | None] = [None] * len(items)
+    def step(self, items: Sequence[VerifyItem]) -> PassResults:
+        """One forward pass over as much of `items` as fits. Per item this pass settles: its
+        Verification, or the exception that fails it alone. An item absent needs another pass (a
+        chunk of its prefill went in, or it waits for blocks, budget or a session slot)."""
+        results: PassResults = {}
         with self.scheduler.schedule(items) as plan:
-            for i, error in plan.rejected.items():
-                results[i] = error
+            results.update(plan.rejected)
             if plan.rows:
                 started = time.perf_counter()
-                self._decide(items, plan.deciding, self._forward(plan, items), results)
+                self._decide(plan.deciding, self._forward(plan), results)
                 # A pass of whole rounds only is what a round costs; a prefill chunk in it is not.
                 if all(r.decides and len(r.row.tokens) == r.row.keep for r in plan.rows):
                     cost = PassCost(len(plan.rows), plan.tokens, time.perf_counter() - started)
@@ -185,9 +187,9 @@ class TargetVerifier:
                     pool.release(session.table)
         return seconds
 
-    def _forward(self, plan: PassPlan, items: Sequence[VerifyItem]) -> torch.Tensor:
+    def _forward(self, plan: PassPlan) -> torch.Tensor:
         """The pass over the plan's rows (`_pass`), greedy when every deciding row is."""
-        return self._pass(plan.batch, greedy=all(items[r.item].sampling.greedy for r in plan.deciding))
+        return self._pass(plan.batch, greedy=all(r.item.sampling.greedy for r in plan.deciding))
 
     def _pass(self, rows: list[Row], greedy: bool) -> torch.Tensor:
         """The logits of the kept positions, (kept, vocab), or, when `greedy` and the head screens
@@ -201,16 +203,14 @@ class TargetVerifier:
         argmax = model.get_output_embeddings().argmax(hidden)
         return argmax if argmax is not None else greedy_decisions(head_logits(model, hidden))
 
-    def _decide(
-        self, items: Sequence[VerifyItem], deciding: list[ScheduledRow], out: torch.Tensor, results: list
-    ) -> None:
+    def _decide(self, deciding: list[ScheduledRow], out: torch.Tensor, results: PassResults) -> None:
         """Acceptance for every deciding row on the device, one host sync, then the rollbacks.
         `out`: what `_forward` gave, logits or (all rows greedy) the argmax already."""
         decisions, start = [], 0
         # Greedy rows share one argmax over every kept position (one kernel, not one a row).
         argmax = out if out.dim() == 1 else greedy_decisions(out)
         for scheduled in deciding:
-            item = items[scheduled.item]
+            item = scheduled.item
             k = len(item.proposal.token_ids)
             rows = out[start : start + k + 1]  # (k+1, vocab) when any row samples
             if item.sampling.greedy:
@@ -228,7 +228,7 @@ class TargetVerifier:
         values = _to_host(torch.cat(decisions)) if decisions else []  # the pass's one host sync
         start = 0
         for scheduled, decided in zip(deciding, decisions):
-            item, session = items[scheduled.item], scheduled.session
+            item, session = scheduled.item, scheduled.session
             mine, start = values[start : start + len(decided)], start + len(decided)
             if scheduled.row.parents is not None:
                 result = resolve_tree(mine, item.proposal)

@@ -17,9 +17,9 @@ from specdec.coordinator.adaptive import (
     CostModel,
     SourcedAcceptance,
     best_k,
+    draft_lengths,
     expected_tokens,
     ideal_speedup,
-    plan,
 )
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.core.acceptance import DraftProposal, PassCost
@@ -127,7 +127,7 @@ def test_a_slow_short_pass_is_not_priced_above_a_longer_one():
     assert costs.verify(2) == 0.040
 
 
-def test_plan_caps_the_model_where_lookups_pay_and_it_does_not():
+def test_draft_lengths_cap_the_model_where_lookups_pay_and_it_does_not():
     costs = CostModel()
     for n in range(1, 10):
         costs.observe_verify(n, 0.1 + 0.016 * (n - 1))  # this CPU: +0.16 of a step per position
@@ -137,10 +137,10 @@ def test_plan_caps_the_model_where_lookups_pay_and_it_does_not():
     for _ in range(20):
         acceptance.observe("ngram", 4, 4)
         acceptance.observe("model", 1, 0)
-    assert plan(acceptance, costs, 8, {LOOKUP}).model_k is None  # one source: nothing to cap
-    both = plan(acceptance, costs, 8, {LOOKUP, MODEL})
+    assert draft_lengths(acceptance, costs, 8, {LOOKUP}).model_k is None  # one source: nothing to cap
+    both = draft_lengths(acceptance, costs, 8, {LOOKUP, MODEL})
     assert both.k >= 4 and both.model_k == 0
-    assert plan(acceptance, costs, 8, {MODEL}).k == 0  # a lone model that is always wrong drafts nothing
+    assert draft_lengths(acceptance, costs, 8, {MODEL}).k == 0  # a lone model that is always wrong drafts nothing
 
 
 def test_acceptance_counts_the_positions_the_target_judged():

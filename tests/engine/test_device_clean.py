@@ -89,11 +89,11 @@ def test_a_batched_pass_stays_on_the_model_device(tiny_dir, fake_mode, syncs, ki
         verifier = TargetVerifier(loaded, kv_cache_bytes=1 << 22, pass_tokens=32)
         assert verifier.pool.keys[0].device == DEVICE
         first = verifier.step(items)
-        pending, passes = [i for i, r in enumerate(first) if r is None], 1
+        pending, passes = [item for item in items if item not in first], 1
         while pending:
-            results = verifier.step([items[i] for i in pending])
-            pending, passes = [i for i, r in zip(pending, results) if r is None], passes + 1
-    assert [r is None for r in first] == [False, False, True, False]  # the 35-token prompt: a chunk
+            results = verifier.step(pending)
+            pending, passes = [item for item in pending if item not in results], passes + 1
+    assert [item in first for item in items] == [True, True, False, True]  # the 35-token prompt: a chunk
     # One host sync a pass that decides rounds, of the decisions only (greedy k+1, lookup k+1,
     # plain 1; then the model's 2k+1); a pass of prefill chunks alone reads nothing back.
     assert passes == 3 and syncs == [(DEVICE, 4 + 3 + 1), (DEVICE, 7)]

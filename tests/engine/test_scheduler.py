@@ -46,7 +46,7 @@ def test_a_plan_puts_whole_rounds_first_and_chunks_a_prefill_in_the_budget_left(
     scheduler = verifier.scheduler
     with scheduler.schedule(items) as plan:
         assert scheduler.sessions.pinned == {"long", "decode", "bad", "verify"}
-        ids = [items[r.item].session_id for r in plan.rows]
+        ids = [r.item.session_id for r in plan.rows]
         assert ids == ["decode", "verify", "long"]  # whole rounds first, in queue order, then the chunk
         decode, verify, long = plan.rows
         assert (len(decode.row.tokens), decode.row.keep, decode.decides) == (1, 1, True)
@@ -54,18 +54,21 @@ def test_a_plan_puts_whole_rounds_first_and_chunks_a_prefill_in_the_budget_left(
         assert (len(long.row.tokens), long.row.keep, long.decides) == (16 - 5, 0, False)  # what the budget left
         assert plan.tokens == 16 == scheduler.pass_tokens
         assert plan.batch == [r.row for r in plan.rows] and plan.deciding == [decode, verify]
-        assert list(plan.rejected) == [2] and isinstance(plan.rejected[2], ItemRejected)
-        assert "outside [0, 259)" in str(plan.rejected[2])
+        assert list(plan.rejected) == [items[2]] and isinstance(plan.rejected[items[2]], ItemRejected)
+        assert "outside [0, 259)" in str(plan.rejected[items[2]])
         # The rows' blocks are taken: each table reaches past the tokens its row feeds.
-        assert scheduler.sessions["long"].table.length == 11 and verify.session.table.length == len(items[3].tokens) + 3
+        assert verify.item is items[3] and verify.session.table.length == len(items[3].tokens) + 3
+        assert scheduler.sessions["long"].table.length == 11
     assert scheduler.sessions.pinned == set()
 
     # The verifier runs exactly that plan: two rounds decided, the prefill and the second round
     # of "decode" wait for a later pass, the bad round fails alone.
     fresh = TargetVerifier(tiny("llama", 1), kv_cache_bytes=16 * MiB, pass_tokens=16)
-    results = fresh.step(_mixed(fresh))
-    kinds = [type(r).__name__ for r in results]
+    items = _mixed(fresh)
+    results = fresh.step(items)
+    kinds = [type(results.get(item)).__name__ for item in items]
     assert kinds == ["NoneType", "Verification", "ItemRejected", "Verification", "NoneType"]
+    assert len(results) == 3  # the rounds waiting for a later pass have no entry
     assert fresh.sessions["long"].table.length == 11
 
 
@@ -85,7 +88,7 @@ def test_preemption_takes_sessions_outside_the_pass_and_never_a_pinned_one(tiny)
         VerifyItem("b", _ids(4, 20), DraftProposal([]), GREEDY),
     ]
     with verifier.scheduler.schedule(items) as plan:
-        assert [items[r.item].session_id for r in plan.rows] == ["old", "a"]
+        assert [r.item.session_id for r in plan.rows] == ["old", "a"]
         assert not plan.rejected  # "b" waits: no session outside the pass is left to preempt
         assert verifier.pool.free_blocks == 0
     assert "idle" not in verifier.sessions and "old" in verifier.sessions
@@ -97,7 +100,7 @@ def test_admission_resolves_the_held_prefix_or_answers_a_miss(tiny):
     scheduler = verifier.scheduler
     prompt = _ids(1, 8)
     first = scheduler.admit(VerifyRequest("s", 0, prompt, [9, 10], None, GREEDY))
-    assert first == VerifyItem("s", prompt, DraftProposal([9, 10]), GREEDY)
+    assert vars(first) == vars(VerifyItem("s", prompt, DraftProposal([9, 10]), GREEDY))
     assert scheduler.admit(VerifyRequest("s", 3, [1], [], None, GREEDY)) is None  # the session is not held
     context = _held(verifier, "s", prompt)
     item = scheduler.admit(VerifyRequest("s", 5, [42], [], None, GREEDY))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from specdec.coordinator.adaptive import LOOKUP, MODEL, Acceptance, CostModel, DraftLengthPolicy, RoundPlan
+from specdec.coordinator.adaptive import LOOKUP, MODEL, Acceptance, CostModel, DraftLengthPolicy, DraftLengths
 from specdec.core.acceptance import DraftProposal, PassCost
 
 
@@ -32,26 +32,26 @@ def pass_s(drafts: int) -> float:
     return 0.1 + 0.016 * drafts  # the target of `costs()`
 
 
-def rejected(policy: DraftLengthPolicy, planned: RoundPlan, source: str = "ngram") -> None:
+def rejected(policy: DraftLengthPolicy, planned: DraftLengths, source: str = "ngram") -> None:
     proposal = DraftProposal([1] * planned.k, source=source)
     policy.observe(planned, proposal, False, 0, draft_s=0.0, verify_s=pass_s(planned.k))
 
 
 def test_fixed_and_load_plans():
-    assert DraftLengthPolicy(Settings(adaptive=False), costs(), set(), greedy=True).plan(5, 1) == (5, None, "fixed")
-    assert DraftLengthPolicy(Settings(), costs(), set(), greedy=True).plan(0, 1) == (0, None, "fixed")
+    assert DraftLengthPolicy(Settings(adaptive=False), costs(), set(), greedy=True).choose(5, 1) == (5, None, "fixed")
+    assert DraftLengthPolicy(Settings(), costs(), set(), greedy=True).choose(0, 1) == (0, None, "fixed")
     busy = DraftLengthPolicy(Settings(speculation_max_running=2), costs(), set(), greedy=True)
-    assert busy.plan(8, 3) == (0, None, "load") and busy.plan(8, 2).k > 0
+    assert busy.choose(8, 3) == (0, None, "load") and busy.choose(8, 2).k > 0
     budget = DraftLengthPolicy(Settings(speculation_token_budget=8), costs(0.0), set(), greedy=True)
-    assert budget.plan(8, 4) == (1, None, "load")  # 8 // 4 - 1: one draft beside its own position
-    assert budget.plan(8, 8) == (0, None, "load")
+    assert budget.choose(8, 4) == (1, None, "load")  # 8 // 4 - 1: one draft beside its own position
+    assert budget.choose(8, 8) == (0, None, "load")
 
 
 def test_rejected_drafts_stop_then_probe_every_few_rounds():
     policy = DraftLengthPolicy(Settings(), costs(), set(), greedy=True)
     ks = []
     for _ in range(24):
-        planned = policy.plan(8, 1)
+        planned = policy.choose(8, 1)
         ks.append(planned.k)
         rejected(policy, planned)
     assert ks[0] > 0  # the prior (alpha 0.5) drafts
@@ -63,14 +63,14 @@ def test_accepted_lookups_draft_long_and_a_rejected_model_is_capped():
     shared_sources: set[str] = set()
     policy = DraftLengthPolicy(Settings(), costs(), shared_sources, greedy=True)
     for i in range(40):
-        planned = policy.plan(8, 1)
+        planned = policy.choose(8, 1)
         source = "ngram" if i % 2 else "model"
         drafted = planned.k if source == "ngram" else min(planned.k, planned.model_k or planned.k)
         accepted = drafted if source == "ngram" else 0
         proposal = DraftProposal([1] * drafted, source=source)
         policy.observe(planned, proposal, False, accepted, draft_s=0.001 * drafted, verify_s=pass_s(drafted))
     assert shared_sources == {LOOKUP, MODEL}  # the engine's set, filled by the request's rounds
-    final = policy.plan(8, 1)
+    final = policy.choose(8, 1)
     assert final.k >= 4 and final.model_k in (0, 1)  # lookups draft long; the model at 0, or its probe
     assert policy.pipelined_model_k(final.model_k) == 0  # a hybrid's pipelined call is a lookup only
 
@@ -78,7 +78,7 @@ def test_accepted_lookups_draft_long_and_a_rejected_model_is_capped():
 def test_the_first_verify_is_prefill_not_a_round_cost():
     model = CostModel()
     policy = DraftLengthPolicy(Settings(), model, set(), greedy=True)
-    planned = policy.plan(4, 1)
+    planned = policy.choose(4, 1)
     policy.observe(planned, DraftProposal([], source=""), False, 0, draft_s=0.0, verify_s=5.0)
     assert model.verify(1) == 1.0  # still the prior: the prompt's prefill priced nothing
     policy.observe(planned, DraftProposal([], source=""), False, 0, draft_s=0.0, verify_s=0.2)
@@ -87,10 +87,10 @@ def test_the_first_verify_is_prefill_not_a_round_cost():
 
 def test_a_sampled_model_draft_fixes_k():
     policy = DraftLengthPolicy(Settings(), costs(), set(), greedy=False)
-    planned = policy.plan(6, 1)
+    planned = policy.choose(6, 1)
     q = torch.full((planned.k, 8), 1 / 8)
     policy.observe(planned, DraftProposal([1] * planned.k, q, "model"), False, 0, draft_s=0.0, verify_s=0.1)
-    assert policy.plan(6, 1) == (6, None, "fixed")  # seeded outputs then depend on k only
+    assert policy.choose(6, 1) == (6, None, "fixed")  # seeded outputs then depend on k only
 
 
 def cpu_pass_s(positions: int) -> float:
@@ -122,11 +122,11 @@ def test_drafts_shrink_as_the_pass_fills_and_come_back_when_it_empties():
     policy.sources.add(LOOKUP)
     # Alone, a pass is mostly its fixed cost: drafts are nearly free. Among 16 rounds drafting
     # alike, each draft adds 16 positions at 1.5 ms: k = 2 has the most tokens per second.
-    assert policy.plan(8, 1).k >= 7
+    assert policy.choose(8, 1).k >= 7
     policy.rows = 16
-    assert policy.plan(8, 16) == (2, None, "load")  # the load shortened it: traced as such
+    assert policy.choose(8, 16) == (2, None, "load")  # the load shortened it: traced as such
     policy.rows = 1
-    assert policy.plan(8, 1).k >= 7
+    assert policy.choose(8, 1).k >= 7
 
 
 def test_at_load_the_prior_alpha_drafts_nothing():
@@ -135,7 +135,7 @@ def test_at_load_the_prior_alpha_drafts_nothing():
         costs_.observe_verify(1, cpu_pass_s(positions), PassCost(16, positions, cpu_pass_s(positions)))
     policy = DraftLengthPolicy(Settings(), costs_, set(), greedy=True)
     policy.rows = 16
-    assert policy.plan(8, 16).k == 0  # alpha 0.5: a draft costs 16 positions for 0.5 of a token each
+    assert policy.choose(8, 16).k == 0  # alpha 0.5: a draft costs 16 positions for 0.5 of a token each
 
 
 def test_a_pass_is_one_sample_however_many_of_its_rounds_report_it():
@@ -155,8 +155,8 @@ def test_passes_timed_before_serving_let_the_first_rounds_draft_long():
     seeded = CostModel()
     seeded.seed_passes(timed)
     # A lookup drafter (the default suffix decoding), alpha still the prior 0.5.
-    k_seeded = DraftLengthPolicy(Settings(), seeded, {LOOKUP}, greedy=True).plan(8, 1).k
-    k_guessed = DraftLengthPolicy(Settings(), costs_after_one_round(), {LOOKUP}, greedy=True).plan(8, 1).k
+    k_seeded = DraftLengthPolicy(Settings(), seeded, {LOOKUP}, greedy=True).choose(8, 1).k
+    k_guessed = DraftLengthPolicy(Settings(), costs_after_one_round(), {LOOKUP}, greedy=True).choose(8, 1).k
     assert k_seeded >= 4 and k_guessed <= 2, (k_seeded, k_guessed)
 
 
@@ -185,26 +185,26 @@ def test_an_itl_objective_caps_drafts_at_the_pass_it_predicts_within_it():
     free = DraftLengthPolicy(Settings(), measured_passes(), lookups, greedy=True)
     free.acceptance.by_class[LOOKUP] = Acceptance(accepted=9.5, tested=10.0)  # alpha 0.95: long drafts pay
     free.rows = 16
-    unbounded = free.plan(8, 16).k
+    unbounded = free.choose(8, 16).k
     # Among 16 rounds drafting alike, k drafts make a pass of 16 (k + 1) positions: 3 of them
     # (64 positions) fit a 4 + 20 + 96 = 120 ms objective, 4 (80 positions) do not.
     slo_ms = 1000 * (0.004 + cpu_pass_s(64)) + 0.1
     bounded = DraftLengthPolicy(Settings(itl_slo_ms=slo_ms), measured_passes(), lookups, greedy=True)
     bounded.acceptance = free.acceptance
     bounded.rows = 16
-    assert unbounded > 3 and bounded.plan(8, 16) == (3, None, "slo")
+    assert unbounded > 3 and bounded.choose(8, 16) == (3, None, "slo")
     # Alone in a pass, the same objective holds every draft the acceptance buys.
     bounded.rows = 1
     free.rows = 1
-    assert bounded.plan(8, 1).k == free.plan(8, 1).k > 3
+    assert bounded.choose(8, 1).k == free.choose(8, 1).k > 3
 
 
 def test_an_itl_objective_below_a_plain_pass_stops_drafts_and_probes():
     policy = DraftLengthPolicy(Settings(itl_slo_ms=10.0), measured_passes(), {LOOKUP}, greedy=True)
     plans = []
     for _ in range(3 * Settings.probe_every):
-        planned = policy.plan(8, 1)
+        planned = policy.choose(8, 1)
         plans.append(planned)
         rejected(policy, planned)
     # A plain round (24 ms) is over the objective already: a probe's longer pass would only add.
-    assert set(plans) == {RoundPlan(0, None, "slo")}
+    assert set(plans) == {DraftLengths(0, None, "slo")}
