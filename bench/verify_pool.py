@@ -53,10 +53,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bench never downloads a mode
 
 import torch  # noqa: E402
 
-from specdec.bench.tiny_llama import make_tiny_llama  # noqa: E402
 from specdec.core.acceptance import DraftProposal, Verification  # noqa: E402
 from specdec.core.sampling import SamplingParams  # noqa: E402
 from specdec.drafts.loading import load_model
+from specdec.drafts.tiny_llama import make_tiny_llama  # noqa: E402
 from specdec.runtime.models import LoadedModel  # noqa: E402
 from specdec.target_service.verifier import TargetVerifier, VerifyItem  # noqa: E402
 
