@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from specdec.bench import flags
 from specdec.plan import closed_loop_tokens_per_s, load_costs, overhead_line
 
 STREAMS = (1, 4, 16)  # checked
@@ -44,19 +45,19 @@ POOL = "specdec-bench-plan"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.plan_costs", description=__doc__.splitlines()[0])
-    p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
+    flags.add_target_model(p)
     p.add_argument("--rows", default="1,2,4,8,16", help="rows a pass, comma separated (default 1,2,4,8,16)")
     p.add_argument("--tokens-per-row", default="1,5", help="positions a row, comma separated (default 1,5)")
     p.add_argument("--prefill", default="32,96,192", help="prompt lengths to prefill (default 32,96,192)")
     p.add_argument("--context", type=int, default=96, help="tokens a session holds before the timed passes")
     p.add_argument("--passes", type=int, default=6, help="timed passes a cell; the median counts (default 6)")
-    p.add_argument("--repeats", type=int, default=3, help="repeats of each checked level (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens a request in the check (default 32)")
+    flags.add_repeats(p, 3, "repeats of each checked level")
+    flags.add_max_new_tokens(p, 32, "tokens a request in the check")
     p.add_argument(
         "--requests-per-stream", type=int, default=3, help="requests each stream sends back to back (default 3)"
     )
     p.add_argument("--no-check", action="store_true", help="measure the costs only")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the costs file here")
+    flags.add_json(p, "write the costs file here")
     return p.parse_args(argv)
 
 

@@ -17,7 +17,6 @@ data (bench/data/suite.json).
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import json
@@ -115,25 +114,3 @@ def workload(name: str, n: int) -> list[tuple[str, str]]:
     if not 1 <= n <= len(prompts):
         raise ValueError(f"workload {name!r} has {len(prompts)} prompts, asked for {n}")
     return prompts[:n]
-
-
-def add_workload_flags(p: argparse.ArgumentParser) -> None:
-    """The flags every component benchmark shares: which prompts, how many, for which target."""
-    p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
-    p.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    p.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="keep only the last N prompt tokens (0: no limit; for tiny test models)",
-    )
-    p.add_argument(
-        "--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)"
-    )
-    p.add_argument("--json", default=None, metavar="PATH", help="write all results as JSON")
-
-
-def require_positive(p: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    for name in names:
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")

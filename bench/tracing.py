@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from tqdm import tqdm
 
+from specdec.bench import flags
 from specdec.bench.prompts import WORKLOADS, workload
 from specdec.bench.stack import POOL, coordinators, stack_method
 from specdec.coordinator.engine import EngineConfig
@@ -43,15 +44,11 @@ ARMS = ("traced", "untraced")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.tracing", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
     p.add_argument("--drafter", default="ngram", help="the draft server's model (default ngram)")
-    p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
-    p.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep the last N prompt tokens (tiny test models)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--json", default=None, metavar="PATH")
+    flags.add_workload_flags(p)
+    flags.add_max_new_tokens(p, 64)
+    flags.add_repeats(p, 5)
+    flags.add_k(p, 8)
     args = p.parse_args(argv)
     for name in ("prompts", "max_new_tokens", "repeats", "k"):
         if getattr(args, name) < 1:

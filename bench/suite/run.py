@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tqdm import tqdm
 
+from specdec.bench import flags
 from specdec.bench import prompts as workloads
 from specdec.bench.single_process import _git_commit
 from specdec.bench.stack import coordinators, drafter_spec, stack_method
@@ -73,10 +74,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=(*workloads.SUITE_WORKLOADS, "all"),
         help="batch-1 workloads, repeatable (default: copy and free; all = the three)",
     )
-    p.add_argument("--prompts", type=int, default=2, help="prompts per batch-1 workload (default 2)")
-    p.add_argument("--repeats", type=int, default=3, help="batch-1 repeats; figures are medians (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per batch-1 request (default 64)")
-    p.add_argument("--k", type=int, default=8, help="the most draft tokens per round; ours adapt below it (default 8)")
+    flags.add_prompts(p, 2, "prompts per batch-1 workload")
+    flags.add_repeats(p, 3, "batch-1 repeats; figures are medians")
+    flags.add_max_new_tokens(p, 64, "tokens per batch-1 request")
+    flags.add_k(p, 8, "the most draft tokens a round; ours adapt below it")
     p.add_argument(
         "--model-drafter",
         default="auto",
@@ -152,21 +153,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0,
         help="the load-aware arm also stops drafting above this many generating requests (default 0: no such limit)",
     )
-    p.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="keep only the last N prompt tokens (0: all; for tiny test models)",
-    )
-    p.add_argument(
-        "--target-model", default=None, help="local dir, .gguf file or hub id (default: the embedded Gemma 3 270M)"
-    )
+    flags.add_max_prompt_tokens(p)
+    flags.add_target_model(p)
     p.add_argument(
         "--out",
         default="bench-results",
         help="directory for results.json, spans.jsonl and the plots (default ./bench-results)",
     )
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the JSON result here")
+    flags.add_json(p, "also write the JSON result here")
     p.add_argument(
         "--no-plots", action="store_true", help="write no PNG plots (they need matplotlib: pip install -e '.[bench]')"
     )
