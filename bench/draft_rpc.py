@@ -218,7 +218,11 @@ async def run(args) -> None:
         "overhead client us",
     ]
     print(_table(rows, columns, {c: "{:.0f}" for c in columns[1:]}))
+    await run_throughput(args, tiny)
 
+
+async def run_throughput(args, tiny: str) -> None:
+    """Draft tokens/s of a batched and a one-at-a-time model server and the n-gram server."""
     servers = [
         ("model, batched (max-batch 32)", tiny, 32),
         ("model, one at a time (max-batch 1)", tiny, 1),

@@ -83,27 +83,35 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
         server=ServerConfig(port=0),
         engine=config,
     )
-    seconds: dict[str, dict[str, list[float]]] = {label: {arm: [] for arm in ARMS} for label, _ in prompts}
-    tokens: dict[str, int] = {}
     async with LocalStack(stack_config) as stack:
         async with coordinators(stack, args.target_model, {arm: (config, tracers[arm]) for arm in ARMS}) as stubs:
             methods = {arm: stack_method(stubs[arm], True, args.k) for arm in ARMS}
-            for arm in ARMS:  # warm-up
-                await methods[arm](prompts[0][1], min(8, args.max_new_tokens))
-            order = random.Random(0)
-            with tqdm(
-                total=len(prompts) * args.repeats * len(ARMS), desc="bench tracing", unit="run", file=sys.stderr
-            ) as progress:
-                for label, ids in prompts:
-                    for _ in range(args.repeats):
-                        for arm in order.sample(ARMS, len(ARMS)):
-                            result = await methods[arm](ids, args.max_new_tokens)
-                            seconds[label][arm].append(result.seconds)
-                            tokens[label] = len(result.token_ids)
-                            progress.update()
+            seconds, tokens = await _measure(args, methods, prompts)
     traced.force_flush()
     await asyncio.sleep(1.5)  # the draft server and the actor flush every 0.5 s
-    spans = list(read_spans(trace_file))
+    return _results(args, prompts, seconds, tokens, list(read_spans(trace_file)))
+
+
+async def _measure(args: argparse.Namespace, methods: dict, prompts: list) -> tuple[dict, dict]:
+    """Each prompt --repeats times through both arms in a seeded order: (seconds per run, tokens)."""
+    seconds: dict[str, dict[str, list[float]]] = {label: {arm: [] for arm in ARMS} for label, _ in prompts}
+    tokens: dict[str, int] = {}
+    for arm in ARMS:  # warm-up
+        await methods[arm](prompts[0][1], min(8, args.max_new_tokens))
+    order = random.Random(0)
+    total = len(prompts) * args.repeats * len(ARMS)
+    with tqdm(total=total, desc="bench tracing", unit="run", file=sys.stderr) as progress:
+        for label, ids in prompts:
+            for _ in range(args.repeats):
+                for arm in order.sample(ARMS, len(ARMS)):
+                    result = await methods[arm](ids, args.max_new_tokens)
+                    seconds[label][arm].append(result.seconds)
+                    tokens[label] = len(result.token_ids)
+                    progress.update()
+    return seconds, tokens
+
+
+def _results(args: argparse.Namespace, prompts: list, seconds: dict, tokens: dict, spans: list[dict]) -> dict:
     rows = []
     for label, _ in prompts:
         tps = {arm: statistics.median(tokens[label] / s for s in seconds[label][arm]) for arm in ARMS}
