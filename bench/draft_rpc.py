@@ -40,11 +40,12 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.bench.tiny_llama import make_tiny_llama
+from specdec.bench import flags
 from specdec.coordinator.clients import DraftClient
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.service import DraftConfig, DraftCore, ProposeCall
 from specdec.drafts.loading import load_model
+from specdec.drafts.tiny_llama import make_tiny_llama
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 GEMMA_VOCAB = 262_144
@@ -217,7 +218,11 @@ async def run(args) -> None:
         "overhead client us",
     ]
     print(_table(rows, columns, {c: "{:.0f}" for c in columns[1:]}))
+    await run_throughput(args, tiny)
 
+
+async def run_throughput(args, tiny: str) -> None:
+    """Draft tokens/s of a batched and a one-at-a-time model server and the n-gram server."""
     servers = [
         ("model, batched (max-batch 32)", tiny, 32),
         ("model, one at a time (max-batch 1)", tiny, 1),
@@ -258,11 +263,11 @@ async def run(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.draft_rpc", description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
+    flags.add_repeats(p, 3)
     p.add_argument("--calls", type=int, default=200, help="timed calls per overhead measurement")
     p.add_argument("--sessions", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     p.add_argument("--rounds", type=int, default=16, help="rounds per session in the throughput runs")
-    p.add_argument("--k", type=int, default=4)
+    flags.add_k(p, 4)
     p.add_argument("--context", type=int, default=128, help="prompt tokens (the tiny models hold 256 positions)")
     args = p.parse_args(argv)
     asyncio.run(run(args))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specdec.bench import heldout
+from specdec.bench import flags, heldout
 from specdec.bench.single_process import _git_commit
 from specdec.bench.stack import Run, coordinators, stack_method
 from specdec.coordinator.clients import DraftClient
@@ -83,12 +83,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--arm", action="append", help=f"drafter specs, repeatable (default: {', '.join(DEFAULT_ARMS)})")
     p.add_argument("--kind", action="append", choices=("repeated", "free", "copy"), help="workloads (default: all)")
     p.add_argument("--passes", type=int, default=2, help="sweeps over every set; figures are medians (default 2)")
-    p.add_argument("--prompts", type=int, default=8, help="the most requests per set (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per request (default 48)")
-    p.add_argument("--k", type=int, default=8, help="the most draft tokens per round (default 8)")
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep the last N prompt tokens (tiny models)")
-    p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+    flags.add_prompts(p, 8, "the most requests per set")
+    flags.add_max_new_tokens(p, 48)
+    flags.add_k(p, 8)
+    flags.add_max_prompt_tokens(p)
+    flags.add_target_model(p)
+    flags.add_json(p)
     args = p.parse_args(argv)
     args.arm = list(dict.fromkeys(args.arm or DEFAULT_ARMS))
     if "ngram" not in args.arm:

@@ -33,6 +33,7 @@ from dataclasses import replace
 
 import torch
 
+from specdec.bench import flags
 from specdec.bench.prompts import suite_workload
 from specdec.bench.single_process import _git_commit
 from specdec.bench.stack import coordinators
@@ -73,11 +74,11 @@ CELLS = (
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.engine_load", description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3, help="repeats of every cell; figures are medians (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per request (default 48)")
+    flags.add_repeats(p, 3)
+    flags.add_max_new_tokens(p, 48)
     p.add_argument("--mixed-prompts", type=int, default=4, help="prompts of the mixed workload (default 4)")
-    p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the results here")
+    flags.add_target_model(p)
+    flags.add_json(p)
     return p.parse_args(argv)
 
 

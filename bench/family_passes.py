@@ -32,6 +32,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from specdec.bench import flags
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
 from specdec.runtime import paged_decoder as decoders
@@ -85,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     p.add_argument("--layers", type=int, default=18, help="decoder layers (default 18, as Gemma 3 270M)")
     p.add_argument("--vocab", type=int, default=262_144, help="vocabulary (default 262,144, as Gemma 3 270M)")
-    p.add_argument("--json", default=None, metavar="PATH")
+    flags.add_json(p)
     return p.parse_args(argv)
 
 

@@ -9,7 +9,7 @@
 #
 # fp32 must be exact, eager and compiled (the script fails otherwise); bf16 reports how far outputs
 # agree (docs/performance.md, "Greedy equality on GPUs"). Each run times eager and compiled passes
-# side by side; the last one times the two paged attention kernels. On CUDA the verifier keeps full
+# side by side. On CUDA the verifier keeps full
 # logits (the bf16 greedy screen, specdec/runtime/greedy_head.py, serves fp32 CPU heads only), and
 # the actor's decoding ahead (target_service/lookahead.py) is device-agnostic: the fp32 exactness
 # checks here cover the pass as GPUs run it. The paged decoder (specdec/runtime/paged_decoder.py)
@@ -31,6 +31,4 @@ if [ -n "$larger" ]; then
   python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile cudagraphs --model "$larger" \
     --json "$out/larger-bf16.json"
 fi
-# The engine's gather attention against FlexAttention reading the pool in place.
-python -m specdec.bench.paged_attention --device cuda --json "$out/paged-attention.json"
 echo "results in $out/"

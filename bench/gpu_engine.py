@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from specdec.bench import flags
 from specdec.coordinator.engine import EngineConfig, GenerationRequest
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
@@ -161,7 +162,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", choices=DTYPES, default="fp32")
     p.add_argument("--context", type=int, default=512, help="tokens each session holds (default 512)")
     p.add_argument("--concurrency", default="1,4,16,64,128", help="sessions per decode pass, comma separated")
-    p.add_argument("--repeats", type=int, default=10, help="timed passes per cell; medians (default 10)")
+    flags.add_repeats(p, 10, "timed passes per cell; medians")
     p.add_argument("--new-tokens", type=int, default=48, help="tokens the exactness check generates (default 48)")
     p.add_argument("--kv-cache-bytes", type=int, default=4 << 30, help="the KV pool (default 4 GiB)")
     p.add_argument(
@@ -170,7 +171,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="off",
         help="also time a compiled verifier beside the eager one (and check exactness compiled)",
     )
-    p.add_argument("--json", default=None, metavar="PATH")
+    flags.add_json(p)
     args = p.parse_args(argv)
     args.concurrency = [int(n) for n in args.concurrency.split(",")]
     return args

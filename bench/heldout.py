@@ -15,74 +15,20 @@ sets here were written for this benchmark, apart from the tuning prompts, the su
 
 from __future__ import annotations
 
-from specdec.bench.prompts import FREE_CODE_PROMPTS, FREE_PROSE_PROMPTS, copy_prompts, stdlib_source
+import json
 
-_FUNCTION_TEMPLATE = 'def {name}(values):\n    """Return the {what} of a list of numbers."""\n'
-REPEATED_TUNE = tuple(
-    (name, _FUNCTION_TEMPLATE.format(name=name, what=what))
-    for name, what in (
-        ("total", "sum"),
-        ("product", "product"),
-        ("largest", "largest value"),
-        ("smallest", "smallest value"),
-        ("mean", "arithmetic mean"),
-        ("spread", "difference between the largest and the smallest value"),
-        ("count_positive", "number of positive values"),
-        ("count_even", "number of even values"),
-    )
-)
+from specdec.bench.prompts import DATA, FREE_CODE_PROMPTS, FREE_PROSE_PROMPTS, copy_prompts, stdlib_source
 
-_SQL_TEMPLATE = "-- SQLite\n-- CREATE TABLE {table} ({columns});\n-- Question: {question}\nSELECT"
-REPEATED_HELDOUT = tuple(
-    (table + ":" + str(i), _SQL_TEMPLATE.format(table=table, columns=columns, question=question))
-    for i, (table, columns, question) in enumerate(
-        (
-            ("orders", "id INTEGER, customer TEXT, total REAL, placed_at TEXT", "How many orders per customer?"),
-            ("orders", "id INTEGER, customer TEXT, total REAL, placed_at TEXT", "Total spent by each customer?"),
-            ("books", "id INTEGER, title TEXT, author TEXT, year INTEGER", "How many books per author?"),
-            ("books", "id INTEGER, title TEXT, author TEXT, year INTEGER", "The newest book of each author?"),
-            ("flights", "id INTEGER, origin TEXT, destination TEXT, minutes INTEGER", "Flights per origin?"),
-            ("flights", "id INTEGER, origin TEXT, destination TEXT, minutes INTEGER", "Mean minutes per route?"),
-            ("patients", "id INTEGER, name TEXT, ward TEXT, admitted TEXT", "How many patients per ward?"),
-            ("patients", "id INTEGER, name TEXT, ward TEXT, admitted TEXT", "Latest admission in each ward?"),
-        )
-    )
-)
-
-FREE_HELDOUT = (
-    ("bread", "The first time I tried to bake bread at home, the dough"),
-    ("volcano", "Volcanoes form where molten rock from deep inside the Earth"),
-    ("election", "On the morning of the election, the small town's only cafe"),
-    ("octopus", "Octopuses are remarkable problem solvers. In one experiment,"),
-    ("intervals", 'def merge_intervals(intervals):\n    """Merge overlapping [start, end] intervals."""\n'),
-    (
-        "lru",
-        "class LRUCache:\n"
-        '    """A fixed-size cache that evicts the least recently used key."""\n\n'
-        "    def __init__(self, capacity):\n",
-    ),
-)
-
-_COPY_HELDOUT_TEMPLATE = (
-    "Add a one-line docstring to this function and repeat it otherwise exactly:\n\n"
-    "```python\n{source}```\n\nWith the docstring:\n```python\n"
-)
-# Candidates in order; those outside 15-40 lines in this Python's stdlib (or not in Python) are skipped.
-_COPY_HELDOUT_SOURCES = (
-    ("posixpath", "join"),
-    ("posixpath", "normpath"),
-    ("posixpath", "relpath"),
-    ("ntpath", "splitext"),
-    ("fnmatch", "filter"),
-    ("calendar", "Calendar.itermonthdays2"),
-    ("shlex", "join"),
-    ("gettext", "c2py"),
-    ("statistics", "median_grouped"),
-    ("statistics", "variance"),
-    ("random", "Random.choices"),
-    ("posixpath", "expanduser"),
-    ("posixpath", "commonpath"),
-)
+# The prompt text is data (bench/data/heldout.json): the repeated sets (tuning: one function
+# template over 8 aggregates; held-out: SQL over 4 tables), the held-out openers, and the held-out
+# copies' instruction and stdlib candidates, in order (those outside 15-40 lines in this Python's
+# stdlib, or not written in Python, are skipped).
+_HELDOUT = json.loads((DATA / "heldout.json").read_text(encoding="utf-8"))
+REPEATED_TUNE = tuple(tuple(pair) for pair in _HELDOUT["repeated_tuning"])
+REPEATED_HELDOUT = tuple(tuple(pair) for pair in _HELDOUT["repeated_heldout"])
+FREE_HELDOUT = tuple(tuple(pair) for pair in _HELDOUT["free_heldout"])
+_COPY_HELDOUT_TEMPLATE = _HELDOUT["copy_template"]
+_COPY_HELDOUT_SOURCES = tuple(tuple(pair) for pair in _HELDOUT["copy_sources"])
 
 
 def copy_heldout() -> list[tuple[str, str]]:

@@ -35,20 +35,22 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
+from specdec.bench import flags
+
 ARMS = ("grpc", "http")
 MODES = ("unary", "stream")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.http_api", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target-model", default=None, help="the stack part's target (default: the embedded Gemma 3 270M)")
-    p.add_argument("--prompts", type=int, default=2, help="free-text prompts (default 2)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=5, help="waves per arm, mode and concurrency (default 5)")
+    flags.add_target_model(p)
+    flags.add_prompts(p, 2, "free-text prompts")
+    flags.add_max_new_tokens(p, 32)
+    flags.add_repeats(p, 5, "waves per arm, mode and concurrency")
     p.add_argument("--concurrency", type=int, action="append", help="streams at once (repeatable; default 1 and 16)")
     p.add_argument("--transport-requests", type=int, default=50, help="requests per wave in the transport part")
     p.add_argument("--skip-stack", action="store_true", help="the transport part only (no model)")
-    p.add_argument("--json", default=None, metavar="PATH")
+    flags.add_json(p)
     args = p.parse_args(argv)
     args.concurrency = args.concurrency or [1, 16]
     for name in ("prompts", "max_new_tokens", "repeats", "transport_requests"):

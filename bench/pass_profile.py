@@ -25,6 +25,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from specdec.bench import flags
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.projection import HEAD_LABEL
@@ -37,12 +38,12 @@ _COPIES = ("aten::index_copy_", "aten::index_select")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.pass_profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
+    flags.add_target_model(p)
     p.add_argument("--rows", default="1,16", help="rows a pass, comma separated (default 1,16)")
     p.add_argument("--context", type=int, default=128, help="prompt tokens a session (default 128)")
     p.add_argument("--passes", type=int, default=8, help="profiled passes per row count (default 8)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
-    p.add_argument("--json", default=None, metavar="PATH")
+    flags.add_json(p)
     return p.parse_args(argv)
 
 

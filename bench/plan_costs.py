@@ -13,10 +13,10 @@
    the pass (gRPC, the coordinator's round loop, the actor's transport): at each level,
    the overhead that makes the planner's closed loop give the measured tokens/s; a line through
    the two is o + o_r·streams (o_r: each stream's share of the host, which serializes with the
-   pass on shared cores). The planner's closed-loop tokens/s (bench/planner.py) at each checked
-   N is then set beside the measurement.
+   pass on shared cores; specdec/plan/calibrate.py). The planner's closed-loop tokens/s
+   (specdec/plan/capacity.py) at each checked N is then set beside the measurement.
 
-The costs file is the planner's input format (bench/planner.py's docstring), with the check under
+The costs file is the planner's input format (specdec/plan/capacity.py's docstring), with the check under
 "check".
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import datetime
 import json
 import math
@@ -36,7 +35,8 @@ import time
 
 import torch
 
-from specdec.bench.planner import closed_loop_tokens_per_s, load_costs
+from specdec.bench import flags
+from specdec.plan import closed_loop_tokens_per_s, load_costs, overhead_line
 
 STREAMS = (1, 4, 16)  # checked
 CALIBRATION = (2, 8)  # fit the round overhead, never checked
@@ -45,19 +45,19 @@ POOL = "specdec-bench-plan"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.plan_costs", description=__doc__.splitlines()[0])
-    p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
+    flags.add_target_model(p)
     p.add_argument("--rows", default="1,2,4,8,16", help="rows a pass, comma separated (default 1,2,4,8,16)")
     p.add_argument("--tokens-per-row", default="1,5", help="positions a row, comma separated (default 1,5)")
     p.add_argument("--prefill", default="32,96,192", help="prompt lengths to prefill (default 32,96,192)")
     p.add_argument("--context", type=int, default=96, help="tokens a session holds before the timed passes")
     p.add_argument("--passes", type=int, default=6, help="timed passes a cell; the median counts (default 6)")
-    p.add_argument("--repeats", type=int, default=3, help="repeats of each checked level (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens a request in the check (default 32)")
+    flags.add_repeats(p, 3, "repeats of each checked level")
+    flags.add_max_new_tokens(p, 32, "tokens a request in the check")
     p.add_argument(
         "--requests-per-stream", type=int, default=3, help="requests each stream sends back to back (default 3)"
     )
     p.add_argument("--no-check", action="store_true", help="measure the costs only")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the costs file here")
+    flags.add_json(p, "write the costs file here")
     return p.parse_args(argv)
 
 
@@ -107,15 +107,14 @@ def measure_costs(args: argparse.Namespace, loaded) -> dict:
     return {"pass_ms": passes, "prefill_ms": prefill}
 
 
-async def check(args: argparse.Namespace, tokenizer, costs_path: str) -> dict:
-    from specdec.bench.engine_load import SHORT_PROMPTS
+async def measure_levels(args: argparse.Namespace, prompts: list[list[int]]) -> dict[int, list[dict]]:
+    """Each level's closed-loop runs through the local stack, --repeats times in a seeded order."""
     from specdec.bench.stack import coordinators
     from specdec.bench.suite.concurrency import run_level
     from specdec.coordinator.engine import EngineConfig
     from specdec.coordinator.server import ServerConfig
     from specdec.local.stack import LocalStack, StackConfig
 
-    prompts = [tokenizer(text)["input_ids"] for text in SHORT_PROMPTS]
     config = EngineConfig(default_draft_tokens=8, max_draft_tokens=16)
     stack_config = StackConfig(
         target_model=args.target_model, draft_model="ngram", pool_name=POOL, server=ServerConfig(port=0), engine=config
@@ -134,13 +133,18 @@ async def check(args: argparse.Namespace, tokenizer, costs_path: str) -> dict:
                 # run_level gives each stream len(prompts) // n of them in turn.
                 level = prompts * math.ceil(args.requests_per_stream * n / len(prompts))
                 runs[n].append(await run_level(stubs["off"], False, n, level, args.max_new_tokens, 8))
+    return runs
+
+
+async def check(args: argparse.Namespace, tokenizer, costs_path: str) -> dict:
+    from specdec.bench.engine_load import SHORT_PROMPTS
+
+    prompts = [tokenizer(text)["input_ids"] for text in SHORT_PROMPTS]
+    runs = await measure_levels(args, prompts)
     prompt_tokens = round(statistics.mean(len(p) for p in prompts))
     measured = {n: statistics.median(r["tokens_per_s"] for r in rs) for n, rs in runs.items()}
-    costs = load_costs(costs_path)
-    at = {n: overhead_for(costs, n, measured[n], prompt_tokens, args.max_new_tokens) for n in CALIBRATION}
-    (n1, o1), (n2, o2) = sorted(at.items())
-    per_row = max(0.0, (o2 - o1) / (n2 - n1))
-    fixed = max(0.0, statistics.mean(o - per_row * n for n, o in at.items()))
+    calibration = {n: measured[n] for n in CALIBRATION}
+    fixed, per_row, at = overhead_line(load_costs(costs_path), calibration, prompt_tokens, args.max_new_tokens)
     with open(costs_path) as f:
         raw = json.load(f)
     raw["round_overhead_ms"], raw["round_overhead_per_row_ms"] = fixed, per_row
@@ -169,20 +173,6 @@ async def check(args: argparse.Namespace, tokenizer, costs_path: str) -> dict:
         "output_tokens": args.max_new_tokens,
         "levels": levels,
     }
-
-
-def overhead_for(costs, streams: int, tokens_per_s: float, prompt_tokens: int, output_tokens: int) -> float:
-    """The round overhead (ms, the same at every stream count) with which the planner's closed
-    loop of `streams` gives `tokens_per_s`: bisection, since more overhead is fewer tokens."""
-    low, high = 0.0, 60_000.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        trial = dataclasses.replace(costs, round_overhead_ms=mid, round_overhead_per_row_ms=0.0)
-        if closed_loop_tokens_per_s(trial, streams, prompt_tokens, output_tokens, 0.0, 0) > tokens_per_s:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,66 +11,37 @@ a stdlib function: the answer is the prompt's code with its first line changed) 
 rewrites, code openers next to the prose ones, and `mixed`, which alternates copy and free.
 
 Sources come from a fixed list of short stdlib functions (15-40 lines, ~150-300 Gemma tokens),
-so a run is deterministic for a given Python version and needs no data files.
+so a run is deterministic for a given Python version; the openers, templates and the list are
+data (bench/data/suite.json).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
+import json
 import textwrap
+from pathlib import Path
 
 WORKLOADS = ("copy", "free")
 SUITE_WORKLOADS = ("copy", "free", "mixed")
 
+# The prompt text is data (bench/data/suite.json), read once on import.
+DATA = Path(__file__).parent / "data"
+_SUITE = json.loads((DATA / "suite.json").read_text(encoding="utf-8"))
+
 # (module, qualified name), in the order they are used; ones outside 15-40 lines in this
 # Python's stdlib are skipped, so the choice stays deterministic per Python version.
-_COPY_SOURCES = (
-    ("textwrap", "indent"),
-    ("json.encoder", "py_encode_basestring_ascii"),
-    ("string", "Template.substitute"),
-    ("json.encoder", "JSONEncoder.encode"),
-    ("difflib", "SequenceMatcher.ratio"),
-    ("textwrap", "TextWrapper._split"),
-    ("textwrap", "dedent"),
-    ("difflib", "get_close_matches"),
-)
+_COPY_SOURCES = tuple(tuple(pair) for pair in _SUITE["copy_sources"])
 _MIN_LINES, _MAX_LINES = 15, 40
-
-_COPY_TEMPLATE = (
-    "Rewrite the following Python function, adding type hints and keeping the body unchanged:\n\n"
-    "```python\n{source}```\n\nRewritten:\n```python\n"
-)
-
-_EDIT_TEMPLATE = (
-    "Apply this edit to the following Python function: rename it to `{new_name}` and keep everything "
-    "else unchanged.\n\n```python\n{source}```\n\nEdited:\n```python\n"
-)
+_COPY_TEMPLATE = _SUITE["copy_template"]  # "Rewrite the following Python function, adding type hints ..."
+_EDIT_TEMPLATE = _SUITE["edit_template"]  # "... rename it to `{new_name}` and keep everything else unchanged."
 
 # Openers to continue, not instructions: the embedded Gemma 3 270M is a base model (no chat
 # template) and answers an instruction by repeating it, which would turn them into copy prompts.
-FREE_PROSE_PROMPTS = (
-    ("trains", "Trains run on rails rather than roads for several reasons. First,"),
-    ("bicycle", "The history of the bicycle begins in the early nineteenth century, when"),
-    ("lisbon", "My first week in Lisbon was a blur of steep streets, yellow trams and"),
-    ("bees", "Honey bees choose a new home in a surprisingly democratic way. When a colony swarms,"),
-    ("lighthouse", "The old lighthouse keeper climbed the stairs one last time. At the top, he"),
-)
-
+FREE_PROSE_PROMPTS = tuple(tuple(pair) for pair in _SUITE["free_prose"])
 # Code to continue: the body is not in the prompt.
-FREE_CODE_PROMPTS = (
-    ("fibonacci", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
-    (
-        "stack_class",
-        'class Stack:\n    """A last-in, first-out stack backed by a list."""\n\n    def __init__(self):\n',
-    ),
-    (
-        "word_count",
-        "import collections\n\n\ndef word_count(path):\n"
-        '    """Count the words in a text file; return the ten most common."""\n',
-    ),
-)
+FREE_CODE_PROMPTS = tuple(tuple(pair) for pair in _SUITE["free_code"])
 
 # The free workload of the older benchmarks (bench/single_process.py, bench/stack.py): the prose, then one code opener.
 _FREE_PROMPTS = FREE_PROSE_PROMPTS + FREE_CODE_PROMPTS[:1]
@@ -143,25 +114,3 @@ def workload(name: str, n: int) -> list[tuple[str, str]]:
     if not 1 <= n <= len(prompts):
         raise ValueError(f"workload {name!r} has {len(prompts)} prompts, asked for {n}")
     return prompts[:n]
-
-
-def add_workload_flags(p: argparse.ArgumentParser) -> None:
-    """The flags every component benchmark shares: which prompts, how many, for which target."""
-    p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
-    p.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    p.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="keep only the last N prompt tokens (0: no limit; for tiny test models)",
-    )
-    p.add_argument(
-        "--target-model", default=None, help="local dir, .gguf file or hub id (default: embedded Gemma 3 270M)"
-    )
-    p.add_argument("--json", default=None, metavar="PATH", help="write all results as JSON")
-
-
-def require_positive(p: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
-    for name in names:
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1")

@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec.bench.prompts import WORKLOADS, add_workload_flags, require_positive, workload
+from specdec.bench import flags
+from specdec.bench.prompts import WORKLOADS, workload
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculationStats
 from specdec.local.in_process import build_engine, load_pair
 from specdec.runtime.models import LoadedModel
@@ -214,19 +215,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens every method generates (default 64)")
-    p.add_argument(
-        "--repeats", type=int, default=3, help="timed runs per method and prompt; tables show the median (default 3)"
-    )
-    p.add_argument(
-        "--k",
-        type=int,
-        default=DEFAULT_K,
-        help=f"max draft tokens, ours and transformers' prompt_lookup_num_tokens (default {DEFAULT_K})",
-    )
-    add_workload_flags(p)
+    flags.add_max_new_tokens(p, 64, "tokens every method generates")
+    flags.add_repeats(p, 3, "timed runs per method and prompt; tables show the median")
+    flags.add_k(p, DEFAULT_K, "max draft tokens, ours and transformers' prompt_lookup_num_tokens")
+    flags.add_workload_flags(p)
     args = p.parse_args(argv)
-    require_positive(p, args, ("max_new_tokens", "repeats", "k", "prompts"))
+    flags.require_positive(p, args, ("max_new_tokens", "repeats", "k", "prompts"))
     return args
 
 

@@ -44,7 +44,8 @@ import torch
 from opentelemetry import trace
 from tqdm import tqdm
 
-from specdec.bench.prompts import WORKLOADS, add_workload_flags, require_positive, workload
+from specdec.bench import flags
+from specdec.bench.prompts import WORKLOADS, workload
 from specdec.bench.single_process import _git_commit
 from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
@@ -349,14 +350,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="ngram, first:N (the target's first N layers) or a model spec; repeatable (default: ngram and first:4)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--k", type=int, default=DEFAULT_K, help=f"max draft tokens (default {DEFAULT_K})")
+    flags.add_max_new_tokens(p, 64)
+    flags.add_repeats(p, 3)
+    flags.add_k(p, DEFAULT_K)
     p.add_argument("--adaptive", action="store_true", help="adaptive k (at most --k) instead of k = --k every round")
-    add_workload_flags(p)
+    flags.add_workload_flags(p)
     args = p.parse_args(argv)
     args.drafter = args.drafter or ["ngram", "first:4"]
-    require_positive(p, args, ("max_new_tokens", "repeats", "k", "prompts"))
+    flags.require_positive(p, args, ("max_new_tokens", "repeats", "k", "prompts"))
     return args
 
 

@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from tqdm import tqdm
 
+from specdec.bench import flags
 from specdec.bench.prompts import WORKLOADS, workload
 from specdec.bench.stack import POOL, coordinators, stack_method
 from specdec.coordinator.engine import EngineConfig
@@ -43,15 +44,11 @@ ARMS = ("traced", "untraced")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.tracing", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target-model", default=None, help="default: the embedded Gemma 3 270M")
     p.add_argument("--drafter", default="ngram", help="the draft server's model (default ngram)")
-    p.add_argument("--workload", choices=(*WORKLOADS, "all"), default="all")
-    p.add_argument("--prompts", type=int, default=2, help="prompts per workload (default 2)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-prompt-tokens", type=int, default=0, help="keep the last N prompt tokens (tiny test models)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--json", default=None, metavar="PATH")
+    flags.add_workload_flags(p)
+    flags.add_max_new_tokens(p, 64)
+    flags.add_repeats(p, 5)
+    flags.add_k(p, 8)
     args = p.parse_args(argv)
     for name in ("prompts", "max_new_tokens", "repeats", "k"):
         if getattr(args, name) < 1:
@@ -86,27 +83,35 @@ async def run(args: argparse.Namespace, trace_file: Path, install_global: bool =
         server=ServerConfig(port=0),
         engine=config,
     )
-    seconds: dict[str, dict[str, list[float]]] = {label: {arm: [] for arm in ARMS} for label, _ in prompts}
-    tokens: dict[str, int] = {}
     async with LocalStack(stack_config) as stack:
         async with coordinators(stack, args.target_model, {arm: (config, tracers[arm]) for arm in ARMS}) as stubs:
             methods = {arm: stack_method(stubs[arm], True, args.k) for arm in ARMS}
-            for arm in ARMS:  # warm-up
-                await methods[arm](prompts[0][1], min(8, args.max_new_tokens))
-            order = random.Random(0)
-            with tqdm(
-                total=len(prompts) * args.repeats * len(ARMS), desc="bench tracing", unit="run", file=sys.stderr
-            ) as progress:
-                for label, ids in prompts:
-                    for _ in range(args.repeats):
-                        for arm in order.sample(ARMS, len(ARMS)):
-                            result = await methods[arm](ids, args.max_new_tokens)
-                            seconds[label][arm].append(result.seconds)
-                            tokens[label] = len(result.token_ids)
-                            progress.update()
+            seconds, tokens = await _measure(args, methods, prompts)
     traced.force_flush()
     await asyncio.sleep(1.5)  # the draft server and the actor flush every 0.5 s
-    spans = list(read_spans(trace_file))
+    return _results(args, prompts, seconds, tokens, list(read_spans(trace_file)))
+
+
+async def _measure(args: argparse.Namespace, methods: dict, prompts: list) -> tuple[dict, dict]:
+    """Each prompt --repeats times through both arms in a seeded order: (seconds per run, tokens)."""
+    seconds: dict[str, dict[str, list[float]]] = {label: {arm: [] for arm in ARMS} for label, _ in prompts}
+    tokens: dict[str, int] = {}
+    for arm in ARMS:  # warm-up
+        await methods[arm](prompts[0][1], min(8, args.max_new_tokens))
+    order = random.Random(0)
+    total = len(prompts) * args.repeats * len(ARMS)
+    with tqdm(total=total, desc="bench tracing", unit="run", file=sys.stderr) as progress:
+        for label, ids in prompts:
+            for _ in range(args.repeats):
+                for arm in order.sample(ARMS, len(ARMS)):
+                    result = await methods[arm](ids, args.max_new_tokens)
+                    seconds[label][arm].append(result.seconds)
+                    tokens[label] = len(result.token_ids)
+                    progress.update()
+    return seconds, tokens
+
+
+def _results(args: argparse.Namespace, prompts: list, seconds: dict, tokens: dict, spans: list[dict]) -> dict:
     rows = []
     for label, _ in prompts:
         tps = {arm: statistics.median(tokens[label] / s for s in seconds[label][arm]) for arm in ARMS}

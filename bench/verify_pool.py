@@ -53,10 +53,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bench never downloads a mode
 
 import torch  # noqa: E402
 
-from specdec.bench.tiny_llama import make_tiny_llama  # noqa: E402
+from specdec.bench import flags  # noqa: E402
 from specdec.core.acceptance import DraftProposal, Verification  # noqa: E402
 from specdec.core.sampling import SamplingParams  # noqa: E402
-from specdec.runtime.loading import load_model
+from specdec.drafts.tiny_llama import make_tiny_llama  # noqa: E402
+from specdec.runtime.loading import load_model  # noqa: E402
 from specdec.runtime.models import LoadedModel  # noqa: E402
 from specdec.target_service.verifier import TargetVerifier, VerifyItem  # noqa: E402
 
@@ -390,16 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.verify_pool", description=__doc__.split("\n")[0])
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--models", type=lambda s: s.split(","), default=["tiny", "gemma"], help="tiny, gemma")
-    p.add_argument("--repeats", type=int, default=5)
+    flags.add_repeats(p, 5)
     p.add_argument("--min-time", type=float, default=0.2, help="seconds each case runs per repeat, at least one call")
     p.add_argument("--ks", type=ints, default=[0, 1, 2, 4, 8, 12, 16], help="draft lengths of the latency table")
-    p.add_argument("--k", type=int, default=4, help="draft length of the throughput runs")
+    flags.add_k(p, 4, "draft length of the throughput runs")
     p.add_argument("--sessions", type=ints, default=[1, 4, 8, 16])
     p.add_argument("--context", type=int, default=64, help="cached tokens per session (throughput: +-1/8)")
     p.add_argument("--threads", type=int, default=1, help="torch threads, in-process and in the actors")
     p.add_argument("--no-ray", dest="ray", action="store_false", help="in-process verifier only")
     p.add_argument("--quick", action="store_true", help="tiny model, 2 repeats, --min-time 0.02: the smoke test")
-    p.add_argument("--json", type=Path, help="write the results here")
+    flags.add_json(p)
     args = p.parse_args(argv)
     if args.quick:
         args.models, args.repeats, args.min_time = ["tiny"], 2, 0.02
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "min_time": args.min_time,
         }
-        args.json.write_text(json.dumps(meta | {"models": results}, indent=2))
+        Path(args.json).write_text(json.dumps(meta | {"models": results}, indent=2))
     return 0
 
 

@@ -5,7 +5,8 @@ occurrence are a better guess than a small model's (copies in code edits, quotes
 and they cost microseconds instead of k model steps. A shorter match (1 to min_match - 1 tokens)
 comes next, and the model drafts only where the context's last token never occurred before: a
 short match costs nothing and its first token is the target's at least as often as the shipped
-draft's on free continuation (bench/README.md, "Hybrid order"). The choice is made per round.
+draft's on free continuation (bench/results/history/bench-readme-figures.md, "Hybrid order").
+The choice is made per round.
 
 Mixing is exact: the acceptance rule judges each round on its own. A lookup round is a point
 mass (draft_probs None: accept iff the target's own keyed draw equals the draft), a model round

@@ -22,7 +22,8 @@ bounded in tokens, oldest out first; `SuffixDrafter` drafts from one pool of can
   `min_token_prob`, a tree takes the best-scored nodes first. The coordinator's k caps either.
 
 The constants were chosen on the benchmark's tuning sets (bench/heldout.py) by replaying the
-target's outputs (bench/drafter_rounds.py); the held-out sets, through the stack, judge them.
+target's outputs (bench/results/history/bench-readme-figures.md, "Drafters replayed"); the
+held-out sets, through the stack, judge them.
 
 Drafts are point masses (no q), like prompt lookup: the acceptance rule treats them exactly, so
 nothing the cache holds can change an output, only how fast it comes.

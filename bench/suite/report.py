@@ -110,7 +110,12 @@ def goals(results: dict) -> list[dict]:
                 }
             )
 
-    summary = results.get("batch1", {}).get("summary", {})
+    _batch1_goals(goal, results.get("batch1", {}).get("summary", {}))
+    _concurrency_goals(goal, results.get("concurrency") or {})
+    return out
+
+
+def _batch1_goals(goal, summary: dict) -> None:
     if "copy" in summary:
         copy = summary["copy"]
         goal("copy, batch 1: ngram tokens/s over target-only", copy["speedup"].get("ngram"), 3.0)
@@ -144,7 +149,9 @@ def goals(results: dict) -> list[dict]:
             2.0,
             at_most=True,
         )
-    conc = results.get("concurrency") or {}
+
+
+def _concurrency_goals(goal, conc: dict) -> None:
     if conc and {"1", "16"} <= set(conc["load_aware"]):
         goal(
             "16 streams: aggregate tokens/s over one stream's (load-aware)",
@@ -157,7 +164,6 @@ def goals(results: dict) -> list[dict]:
             conc["load_aware"]["64"]["tokens_per_s"] / conc["off"]["64"]["tokens_per_s"],
             1.0,
         )
-    return out
 
 
 def print_report(results: dict, out=None) -> None:

@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tqdm import tqdm
 
+from specdec.bench import flags
 from specdec.bench import prompts as workloads
 from specdec.bench.single_process import _git_commit
 from specdec.bench.stack import coordinators, drafter_spec, stack_method
@@ -68,16 +69,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
     )
+    _add_batch1_flags(p)
+    _add_peer_flags(p)
+    _add_concurrency_flags(p)
+    _add_target_and_output_flags(p)
+    args = p.parse_args(argv)
+    _check_counts(p, args)
+    _check_peer(p, args)
+    return args
+
+
+def _add_batch1_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         action="append",
         choices=(*workloads.SUITE_WORKLOADS, "all"),
         help="batch-1 workloads, repeatable (default: copy and free; all = the three)",
     )
-    p.add_argument("--prompts", type=int, default=2, help="prompts per batch-1 workload (default 2)")
-    p.add_argument("--repeats", type=int, default=3, help="batch-1 repeats; figures are medians (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per batch-1 request (default 64)")
-    p.add_argument("--k", type=int, default=8, help="the most draft tokens per round; ours adapt below it (default 8)")
+    flags.add_prompts(p, 2, "prompts per batch-1 workload")
+    flags.add_repeats(p, 3, "batch-1 repeats; figures are medians")
+    flags.add_max_new_tokens(p, 64, "tokens per batch-1 request")
+    flags.add_k(p, 8, "the most draft tokens a round; ours adapt below it")
     p.add_argument(
         "--model-drafter",
         default="auto",
@@ -87,6 +99,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--no-hybrid", action="store_true", help="leave out the hybrid arm (prompt lookup + the model drafter)"
     )
+
+
+def _add_peer_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-peer", action="store_true", help="leave out transformers' methods")
     p.add_argument(
         "--peer",
@@ -127,6 +142,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--peer-prompts", type=int, default=4, help="prompts per set of the repeat workload (default 4)")
     p.add_argument("--peer-kv-gib", type=int, default=2, help="each server's KV cache in GiB (default 2)")
+
+
+def _add_concurrency_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--concurrency", default="1,4,16,64", help="stream counts, comma separated; none to skip (default 1,4,16,64)"
     )
@@ -153,26 +171,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=0,
         help="the load-aware arm also stops drafting above this many generating requests (default 0: no such limit)",
     )
-    p.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        default=0,
-        help="keep only the last N prompt tokens (0: all; for tiny test models)",
-    )
-    p.add_argument(
-        "--target-model", default=None, help="local dir, .gguf file or hub id (default: the embedded Gemma 3 270M)"
-    )
+
+
+def _add_target_and_output_flags(p: argparse.ArgumentParser) -> None:
+    flags.add_max_prompt_tokens(p)
+    flags.add_target_model(p)
     p.add_argument(
         "--out",
         default="bench-results",
         help="directory for results.json, spans.jsonl and the plots (default ./bench-results)",
     )
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the JSON result here")
+    flags.add_json(p, "also write the JSON result here")
     p.add_argument(
         "--no-plots", action="store_true", help="write no PNG plots (they need matplotlib: pip install -e '.[bench]')"
     )
-    args = p.parse_args(argv)
-    if not args.no_plots and importlib.util.find_spec("matplotlib") is None:  # before a 20-minute run, not after
+
+
+def _check_counts(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Parse the lists and refuse what would fail: before a 20-minute run, not after it."""
+    if not args.no_plots and importlib.util.find_spec("matplotlib") is None:
         p.error("the plots need matplotlib: pip install -e '.[bench]' (or pass --no-plots)")
     chosen = args.workload or ["copy", "free"]
     args.workload = list(workloads.SUITE_WORKLOADS) if "all" in chosen else list(dict.fromkeys(chosen))
@@ -186,15 +203,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--load-aware-budget and --load-aware-running must be >= 0")
     if any(n < 1 or n > 64 for n in args.concurrency):
         p.error("--concurrency: stream counts must be 1..64 (the coordinator's max_inflight)")
-    if args.peer_url:
-        args.peer = "vllm"
-    args.peer_sets = [name for name in args.peer_sets.split(",") if name]
-    args.specdec_flags = shlex.split(args.specdec_flags)
-    args.peer_workload = [name for name in args.peer_workload.split(",") if name]
-    if not args.peer_workload or set(args.peer_workload) - set(serving.WORKLOADS):
-        p.error(f"--peer-workload: expected some of {', '.join(serving.WORKLOADS)}, got {','.join(args.peer_workload)}")
-    if args.peer == "vllm" and (not args.concurrency or set(args.peer_sets) - set(serving.SETS)):
-        p.error(f"--peer vllm: --peer-sets must name some of {', '.join(serving.SETS)}, --concurrency some levels")
     for name in (
         "peer_prompts",
         "peer_kv_gib",
@@ -209,7 +217,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    return args
+
+
+def _check_peer(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.peer_url:
+        args.peer = "vllm"
+    args.peer_sets = [name for name in args.peer_sets.split(",") if name]
+    args.specdec_flags = shlex.split(args.specdec_flags)
+    args.peer_workload = [name for name in args.peer_workload.split(",") if name]
+    if not args.peer_workload or set(args.peer_workload) - set(serving.WORKLOADS):
+        p.error(f"--peer-workload: expected some of {', '.join(serving.WORKLOADS)}, got {','.join(args.peer_workload)}")
+    if args.peer == "vllm" and (not args.concurrency or set(args.peer_sets) - set(serving.SETS)):
+        p.error(f"--peer vllm: --peer-sets must name some of {', '.join(serving.SETS)}, --concurrency some levels")
 
 
 def _encode(tokenizer, texts: list[tuple[str, str]], workload: str, max_prompt_tokens: int) -> list[Prompt]:
@@ -229,24 +248,8 @@ async def run(args: argparse.Namespace) -> dict:
     # a host process may own); the draft servers and the actors append to the same file.
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: "specdec-coordinator"}))
     provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(span_file), schedule_delay_millis=500))
-    tracer = provider.get_tracer("specdec.coordinator")
-
     target = load_model(args.target_model)
-    prompts = [
-        p
-        for w in args.workload
-        for p in _encode(target.tokenizer, workloads.suite_workload(w, args.prompts), w, args.max_prompt_tokens)
-    ]
-    mixed = (
-        _encode(
-            target.tokenizer,
-            workloads.suite_workload("mixed", args.concurrency_prompts),
-            "mixed",
-            args.max_prompt_tokens,
-        )
-        if args.concurrency
-        else []
-    )
+    prompts, mixed = _prompts(args, target.tokenizer)
     draft_spec = None if args.model_drafter == "none" else drafter_spec(_model_drafter(args), args.target_model)
     assistant = draft_loading.load_model(draft_spec).model if draft_spec and not args.no_peer else None
     config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=True)
@@ -259,7 +262,6 @@ async def run(args: argparse.Namespace) -> dict:
         server=ServerConfig(port=0),
         engine=config,
     )
-    results: dict = {"batch1": None, "concurrency": None}
     async with LocalStack(stack_config) as stack:
         # One more draft server per model arm: "model" serves the draft alone, "hybrid" with lookups.
         specs = {"model": draft_spec} if draft_spec else {}
@@ -268,40 +270,9 @@ async def run(args: argparse.Namespace) -> dict:
         servers = {arm: await spawn_draft_server(spec, str(span_file)) for arm, spec in specs.items()}
         drafts = {arm: DraftClient((await draft_server_ready(server))[0]) for arm, server in servers.items()}
         try:
-            load_aware = replace(
-                config, speculation_token_budget=args.load_aware_budget, speculation_max_running=args.load_aware_running
-            )
-            arms = {"ngram": (config, tracer), "load_aware": (load_aware, tracer)} | {
-                arm: (config, tracer) for arm in drafts
-            }
-            async with coordinators(stack, args.target_model, arms, drafts or None) as stubs:
-                methods = {
-                    "target_only": stack_method(stubs["ngram"], False, args.k),
-                    "ngram": stack_method(stubs["ngram"], True, args.k),
-                }
-                methods |= {arm: stack_method(stubs[arm], True, args.k) for arm in drafts}
-                if not args.no_peer:
-                    methods.update(hf_methods(target.model, args.k, assistant))
-                total = len(prompts) * args.repeats * len(methods) + len(
-                    args.concurrency
-                ) * args.concurrency_repeats * len(concurrency.ARMS)
-                with tqdm(total=total, desc="specdec bench", unit="run", file=sys.stderr) as progress:
-                    runs = (
-                        await batch1.measure(methods, prompts, args.repeats, args.max_new_tokens, progress)
-                        if prompts
-                        else []
-                    )
-                    if args.concurrency:
-                        ids = [p.ids for p in mixed]
-                        results["concurrency"] = await concurrency.measure(
-                            {"on": stubs["ngram"], "load_aware": stubs["load_aware"]},
-                            args.concurrency,
-                            ids,
-                            args.concurrency_new_tokens,
-                            args.k,
-                            args.concurrency_repeats,
-                            progress,
-                        )
+            tracer = provider.get_tracer("specdec.coordinator")
+            peers = hf_methods(target.model, args.k, assistant) if not args.no_peer else {}
+            runs, levels = await _measure(args, stack, config, tracer, drafts, peers, prompts, mixed)
             provider.force_flush()
             await asyncio.sleep(_FLUSH_S)  # the other processes' exporters, before the stack stops them
         finally:
@@ -310,10 +281,67 @@ async def run(args: argparse.Namespace) -> dict:
             for server in servers.values():
                 await terminate(server)
     provider.shutdown()
-    trace_ids = {
+    results = _results(args, prompts, runs, levels, read_requests(span_file, _trace_ids(runs)))
+    results["config"] |= {"model": target.name, "draft_model": draft_spec}
+    results["goals"] = report.goals(results)
+    return results
+
+
+def _prompts(args: argparse.Namespace, tokenizer) -> tuple[list[Prompt], list[Prompt]]:
+    """The batch-1 prompts of every chosen workload, and the mixed ones the concurrency levels share."""
+    prompts = [
+        p
+        for w in args.workload
+        for p in _encode(tokenizer, workloads.suite_workload(w, args.prompts), w, args.max_prompt_tokens)
+    ]
+    if not args.concurrency:
+        return prompts, []
+    mixed = workloads.suite_workload("mixed", args.concurrency_prompts)
+    return prompts, _encode(tokenizer, mixed, "mixed", args.max_prompt_tokens)
+
+
+async def _measure(args, stack, config, tracer, drafts, peers, prompts, mixed) -> tuple[list, dict | None]:
+    """Batch 1 over every method, then the concurrency levels: (runs per prompt, levels or None)."""
+    load_aware = replace(
+        config, speculation_token_budget=args.load_aware_budget, speculation_max_running=args.load_aware_running
+    )
+    arms = {"ngram": (config, tracer), "load_aware": (load_aware, tracer)} | {arm: (config, tracer) for arm in drafts}
+    async with coordinators(stack, args.target_model, arms, drafts or None) as stubs:
+        methods = {
+            "target_only": stack_method(stubs["ngram"], False, args.k),
+            "ngram": stack_method(stubs["ngram"], True, args.k),
+        }
+        methods |= {arm: stack_method(stubs[arm], True, args.k) for arm in drafts}
+        methods.update(peers)
+        total = len(prompts) * args.repeats * len(methods)
+        total += len(args.concurrency) * args.concurrency_repeats * len(concurrency.ARMS)
+        with tqdm(total=total, desc="specdec bench", unit="run", file=sys.stderr) as progress:
+            runs = (
+                await batch1.measure(methods, prompts, args.repeats, args.max_new_tokens, progress) if prompts else []
+            )
+            if not args.concurrency:
+                return runs, None
+            levels = await concurrency.measure(
+                {"on": stubs["ngram"], "load_aware": stubs["load_aware"]},
+                args.concurrency,
+                [p.ids for p in mixed],
+                args.concurrency_new_tokens,
+                args.k,
+                args.concurrency_repeats,
+                progress,
+            )
+    return runs, levels
+
+
+def _trace_ids(runs: list) -> set[str]:
+    return {
         run.trace_id for by_method in runs for method_runs in by_method.values() for run in method_runs if run.trace_id
     }
-    requests = read_requests(span_file, trace_ids)
+
+
+def _results(args: argparse.Namespace, prompts: list[Prompt], runs: list, levels: dict | None, requests) -> dict:
+    """Every figure of the run, with greedy equality over batch 1 and the levels, and the config."""
+    results: dict = {"batch1": None, "concurrency": levels}
     rows = [batch1.prompt_row(prompt, by_method, requests) for prompt, by_method in zip(prompts, runs)]
     if rows:
         results["batch1"] = {
@@ -321,16 +349,16 @@ async def run(args: argparse.Namespace) -> dict:
             "summary": {w: batch1.summarize([r for r in rows if r["workload"] == w]) for w in args.workload},
         }
     equal = all(all(row["greedy_equal"].values()) for row in rows)
-    if results["concurrency"]:
-        equal = equal and concurrency.outputs_agree(results["concurrency"])
-        for by_level in results["concurrency"].values():
+    if levels:
+        equal = equal and concurrency.outputs_agree(levels)
+        for by_level in levels.values():
             for cell in by_level.values():
                 cell.pop("outputs")
     results["greedy_equal"] = equal
     results["config"] = {
         **vars(args),
-        "model": target.name,
-        "draft_model": draft_spec,
+        "model": None,
+        "draft_model": None,
         "traced_requests": len(requests),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -339,7 +367,6 @@ async def run(args: argparse.Namespace) -> dict:
         "commit": _git_commit(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    results["goals"] = report.goals(results)
     return results
 
 

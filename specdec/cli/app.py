@@ -444,7 +444,7 @@ async def _demo(config, prompt: str, max_new_tokens: int) -> int:
 
 
 def _plan_parser(sub) -> argparse.ArgumentParser:
-    from specdec.bench.planner import PlanConfig
+    from specdec.plan import PlanConfig
 
     p = sub.add_parser(
         "plan",
@@ -457,7 +457,7 @@ def _plan_parser(sub) -> argparse.ArgumentParser:
 def _cmd_plan(args) -> int:
     import json
 
-    from specdec.bench.planner import PlanConfig, PlanError, load_costs, plan, report
+    from specdec.plan import PlanConfig, PlanError, load_costs, plan, report
 
     config = from_flags(PlanConfig, args)
     try:

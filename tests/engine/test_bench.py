@@ -77,19 +77,6 @@ def test_the_gpu_check_runs_on_a_cpu_and_finds_the_engine_exact(tmp_path):
     assert len(cells) == 4 and all(cell["tokens_per_s"] > 0 for cell in cells)
 
 
-def test_the_paged_attention_bench_finds_gather_and_flex_attention_equal(tmp_path):
-    """The engine's gather attention and FlexAttention over the pool (another implementation of
-    the same mask: own row, up to own position) agree on shuffled blocks, decode and verify rows."""
-    from specdec.bench import paged_attention
-
-    out = tmp_path / "attention.json"
-    argv = ["--device", "cpu", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "1"]
-    assert paged_attention.main([*argv, "--cases", "1x20x1,3x40x4", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert set(result["ms"]) == {"1x20x1", "3x40x4"}
-    assert all(diff < 1e-5 for diff in result["max_abs_diff"].values())
-
-
 def test_the_family_pass_bench_times_both_decoders_for_each_family(tmp_path):
     """One layer, a small vocabulary: each family's fused decoder and transformers' modules are
     timed on the same rows, and the ratios are written."""

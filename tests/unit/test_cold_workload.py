@@ -6,7 +6,7 @@ import pytest
 
 from specdec.bench import cold_prompts, heldout, prompts
 from specdec.bench.suite import cold
-from specdec.bench.tiny_llama import make_tokenizer
+from specdec.drafts.tiny_llama import make_tokenizer
 
 
 def test_each_repeat_sends_disjoint_prompts_per_level_and_repeats_use_new_ones_while_they_last():

@@ -1,4 +1,4 @@
-"""`specdec plan` (bench/planner.py): the cost fit, the ITL-bound batch and the replica count on a
+"""`specdec plan` (specdec/plan/capacity.py): the cost fit, the ITL-bound batch and the replica count on a
 synthetic cost table whose answer is worked by hand, the errors, and the command itself."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from specdec.bench.planner import (
+from specdec.plan.capacity import (
     PlanConfig,
     PlanError,
     closed_loop_tokens_per_s,
@@ -158,9 +158,9 @@ def test_the_plan_flags_keep_their_contract(monkeypatch):
 
 
 def test_a_per_stream_overhead_is_recovered_from_two_calibration_levels(tmp_path):
-    """plan_costs' calibration: the overhead each level's tokens/s implies, then a line through
-    them, gives back the per-round and per-stream overheads the measurement came from."""
-    from specdec.bench.plan_costs import overhead_for
+    """The calibration: the overhead each level's tokens/s implies, then a line through them,
+    gives back the per-round and per-stream overheads the measurement came from."""
+    from specdec.plan.calibrate import overhead_for, overhead_line
 
     truth = tmp_path / "truth.json"
     truth.write_text(json.dumps(LINEAR | {"round_overhead_ms": 30.0, "round_overhead_per_row_ms": 2.5}))
@@ -169,6 +169,8 @@ def test_a_per_stream_overhead_is_recovered_from_two_calibration_levels(tmp_path
     implied = {n: overhead_for(costs, n, tps, 64, 33) for n, tps in measured.items()}
     assert implied[2] == pytest.approx(30 + 2.5 * 2, rel=1e-6)
     assert implied[8] == pytest.approx(30 + 2.5 * 8, rel=1e-6)
+    fixed, per_row, _ = overhead_line(costs, measured, 64, 33)
+    assert (fixed, per_row) == (pytest.approx(30.0, rel=1e-6), pytest.approx(2.5, rel=1e-6))
     # The per-stream term matters: without it, 16 streams would be predicted faster.
     flat = dataclasses.replace(costs, round_overhead_per_row_ms=0.0)
     assert closed_loop_tokens_per_s(flat, 16, 64, 33, 0.0, 0) > 1.1 * closed_loop_tokens_per_s(

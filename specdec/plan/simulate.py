@@ -1,10 +1,10 @@
 """`specdec plan` at GPU scale: a plan for 50-1,000 requests/s on H100 costs, checked by simulation.
 
-  python -m specdec.bench.plan_sim [--seconds 120] [--seed 0] [--json PATH] [--png PATH]
+  python -m specdec.plan.simulate [--seconds 120] [--seed 0] [--json PATH] [--png PATH]
 
 Costs are a model from public figures, not a measurement (docs/planning.md states each): an
 8B target (Llama 3.1 8B, bf16) and a 1B draft (Llama 3.2 1B) on one H100 SXM each. For every
-load the planner (bench/planner.py) sizes both tiers with speculation (k = 4) and without; then a
+load the planner (specdec/plan/capacity.py) sizes both tiers with speculation (k = 4) and without; then a
 seeded discrete-event simulation of one target replica at its share of the load (a Poisson split
 is Poisson) replays it pass by pass: continuous batching up to the planner's batch, each admitted
 prompt prefilled inside the next pass, each running sequence committing 1 + (accepted drafts)
@@ -22,7 +22,7 @@ import statistics
 from collections import deque
 from pathlib import Path
 
-from specdec.bench.planner import Model, PlanConfig, load_costs, model_for, plan
+from specdec.plan.capacity import Model, PlanConfig, load_costs, model_for, plan
 
 # Public figures. H100 SXM: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16 (NVIDIA's datasheet); assumed
 # reachable: 70% of the bandwidth, 50% of the FLOPs. Llama 3.1 8B: 8.03e9 parameters, 32 layers,
@@ -49,7 +49,7 @@ def h100_costs() -> dict:
     """A costs file in the planner's format from the figures above (the points lie on its model)."""
     return {
         "kind": "specdec plan costs",
-        "source": "model from public H100, Llama 3.1 8B and Llama 3.2 1B figures (bench/plan_sim.py)",
+        "source": "model from public H100, Llama 3.1 8B and Llama 3.2 1B figures (specdec/plan/simulate.py)",
         "pass_ms": [
             {"rows": r, "tokens_per_row": t, "ms": TARGET_WEIGHTS_MS + TARGET_ROW_MS * r + TARGET_POSITION_MS * r * t}
             for r in (1, 8, 64, 256)
@@ -122,7 +122,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench.plan_sim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m specdec.plan.simulate", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=120.0, help="simulated seconds a load (default 120)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workload", default="similar", choices=sorted(ALPHA))

@@ -1,6 +1,7 @@
-"""A tiny random llama (hidden 64, 2 layers) with a byte-level tokenizer: the cheap model the
-benchmarks measure RPC and verification overhead with. The tests' tiny models (tests/tiny.py)
-add gpt2 and gemma3 kinds on the same tokenizer and initialisation.
+"""A tiny random llama (hidden 64, 2 layers) with a byte-level tokenizer: a model whose compute is
+near nothing, so the benchmarks (draft_rpc, verify_pool) measure the RPC and verification around
+it. The tests' tiny models (tests/tiny.py) add other families on the same tokenizer and
+initialisation.
 
 Saved with `save_pretrained`, so `load_model(str(path))` loads it through the same path as a
 real model.

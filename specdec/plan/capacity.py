@@ -258,7 +258,9 @@ def erlang_c_wait_ms(servers: int, offered: float, service_ms: float) -> float:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CapacityPlan:
+    """How many replicas of each tier a load needs, and what each replica runs at."""
+
     target_replicas: int
     draft_replicas: int
     batch_limit: int  # B: the ITL-bound batch per replica
@@ -326,7 +328,7 @@ def model_for(config: PlanConfig, costs: Costs) -> Model:
     return Model(costs, config.prompt_tokens, config.output_tokens, alpha, k, draft_batch)
 
 
-def plan(config: PlanConfig, costs: Costs) -> Plan:
+def plan(config: PlanConfig, costs: Costs) -> CapacityPlan:
     model = model_for(config, costs)
     max_batch = costs.max_batch if config.max_batch is None else config.max_batch
     if max_batch < 1:
@@ -363,7 +365,7 @@ def plan(config: PlanConfig, costs: Costs) -> Plan:
     operating, wait = meets(replicas)
     in_flight = config.rate * operating.request_ms / 1000
     drafts = 0 if model.k == 0 else math.ceil(in_flight / min(model.draft_batch, in_flight))
-    return Plan(
+    return CapacityPlan(
         target_replicas=replicas,
         draft_replicas=drafts,
         batch_limit=int(best.batch),
@@ -401,7 +403,7 @@ def closed_loop_tokens_per_s(
     return 0.0 if point is None else point.tokens_per_s
 
 
-def report(config: PlanConfig, result: Plan) -> list[str]:
+def report(config: PlanConfig, result: CapacityPlan) -> list[str]:
     op = result.operating
     return [
         f"load: {config.rate:g} requests/s, {config.prompt_tokens} prompt + {config.output_tokens} output tokens; "
