@@ -83,7 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.ray_join and args.address:
         print("specdec target: --ray-join replaces --address: give one of them", file=sys.stderr)
         return 2
+    from specdec.runtime.loading import prepare
+    from specdec.runtime.models import UnservableModel
     from specdec.target_service.ray_cluster import RayNode, connect
+
+    try:
+        prepare(args.target_model)  # a model that cannot be served is refused before any actor starts
+    except UnservableModel as e:
+        print(f"specdec target: {e}", file=sys.stderr)
+        return 2
 
     if not args.ray_join:
         connect(args.address, args.namespace, num_cpus=args.num_cpus)

@@ -175,9 +175,14 @@ def _cmd_generate(args) -> int:
     from specdec.core.errors import InvalidArgument
     from specdec.draft_service.hybrid import parse_spec, uses_suffix
     from specdec.local.in_process import build_engine, load_pair
+    from specdec.runtime.models import UnservableModel
 
     drafter = resolve_drafter(args.draft_model, args.target_model)
-    target, draft = load_pair(args.target_model, drafter)
+    try:
+        target, draft = load_pair(args.target_model, drafter)
+    except UnservableModel as e:
+        print(f"specdec generate: {e}", file=sys.stderr)
+        return 2
     engine = build_engine(target, draft, hybrid=parse_spec(drafter) is not None, suffix=uses_suffix(drafter))
     try:
         start = time.perf_counter()
@@ -324,6 +329,19 @@ def _stack_config(args, error):
         server=server_config(args),
         engine=engine_config(args, error),
     )
+
+
+def _servable(target_model: str | None, command: str) -> bool:
+    """Whether the target model can be served, said before any part of the stack starts."""
+    from specdec.runtime.loading import prepare
+    from specdec.runtime.models import UnservableModel
+
+    try:
+        prepare(target_model)
+    except UnservableModel as e:
+        print(f"specdec {command}: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def _print_parts(stack) -> None:
@@ -552,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace_file is None:
         args.trace_file = str(default_trace_file())
     config = _stack_config(args, stack[args.command].error)
+    if not _servable(config.target_model, args.command):
+        return 2
     configure_tracing("specdec-coordinator", file=config.trace_file)
     if args.command == "up":  # one line per request (demo prints its own summary)
         import logging

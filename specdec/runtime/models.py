@@ -26,11 +26,17 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GgufConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
 from specdec.runtime.projection import pack_weights, use_column_kernels
@@ -81,8 +87,10 @@ def load_checkpoint(
 
 def prepare_checkpoint(spec: str | None = None) -> None:
     """Do the one-time work of loading `spec` now (a GGUF's conversion), so processes started
-    next all find the cache instead of each converting it at once."""
-    _source(spec)
+    next all find the cache instead of each converting it at once; and refuse, before anything
+    serves, a model that cannot be served (`check_decoder_only`)."""
+    source, name, local = _source(spec)
+    check_decoder_only(AutoConfig.from_pretrained(source, local_files_only=local), name)
 
 
 def load_checkpoint_tokenizer(spec: str | None = None) -> PreTrainedTokenizerBase:
@@ -116,6 +124,7 @@ def _source(spec: str | None) -> tuple[str | Path, str, bool]:
 def _load(
     source: str | Path, name: str, dtype: torch.dtype, device: str | torch.device, *, local: bool, pack: bool = True
 ) -> LoadedModel:
+    check_decoder_only(AutoConfig.from_pretrained(source, local_files_only=local), name)
     tokenizer = _tokenizer(source, name, local)
     # sdpa and eager both give the same greedy tokens batched (left-padded) and unbatched for
     # Gemma 3 270M in fp32 (measured); sdpa is the fused kernel, so it is the one we pick.
@@ -144,6 +153,29 @@ def _load(
         vocab_size=model.get_output_embeddings().weight.shape[0],
         max_context=model.config.get_text_config().max_position_embeddings,
     )
+
+
+class UnservableModel(ValueError):
+    """A model specdec cannot serve at all (`check_decoder_only`), said before anything serves."""
+
+
+def check_decoder_only(config: PretrainedConfig, name: str) -> None:
+    """Raise `UnservableModel` naming the model unless it is a text model that decodes left to right
+    (the only kind speculation verifies): not an encoder, an encoder-decoder, or a model of
+    another task or modality (a vision tower alone) for which transformers has no causal LM."""
+    kind = config.model_type
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnservableModel(f"model {name!r} ({kind}) is an encoder-decoder; specdec serves decoder-only text models")
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UnservableModel(
+            f"model {name!r} ({kind}) has no causal language model in transformers (an encoder, a vision"
+            " tower without its text model, or another task's model); specdec serves decoder-only text models"
+        )
+    # Families with a masked-LM head (BERT, RoBERTa, ...) are encoders unless configured as decoders.
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False):
+        raise UnservableModel(
+            f"model {name!r} ({kind}) is an encoder (it attends both ways); specdec serves decoder-only text models"
+        )
 
 
 def _tokenizer(source: str | Path, name: str, local: bool) -> PreTrainedTokenizerBase:
