@@ -20,12 +20,16 @@ import time
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -61,6 +65,23 @@ def _gemma3(shapes: dict) -> Gemma3TextConfig:
     return Gemma3TextConfig(**shapes, query_pre_attn_scalar=256, sliding_window=512, layer_types=layer_types)
 
 
+def _gemma2(shapes: dict) -> Gemma2Config:
+    layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(shapes["num_hidden_layers"])]
+    caps = dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)  # Gemma 2's own
+    return Gemma2Config(**shapes, query_pre_attn_scalar=256, sliding_window=512, layer_types=layer_types, **caps)
+
+
+def _phi3(shapes: dict) -> Phi3Config:
+    """Phi-3.5's longrope (factors past 4,096 positions) and window. Phi-3's heads are d / heads
+    wide (160 here: its config has no head_dim)."""
+    shapes = {name: value for name, value in shapes.items() if name != "head_dim"}
+    half = shapes["hidden_size"] // shapes["num_attention_heads"] // 2
+    rope = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * half, long_factor=[4.0] * half)
+    rope["original_max_position_embeddings"] = 4096
+    window = dict(original_max_position_embeddings=4096, sliding_window=2047)
+    return Phi3Config(**shapes, rope_parameters=rope, pad_token_id=0, bos_token_id=2, eos_token_id=1, **window)
+
+
 def _llama3(shapes: dict) -> LlamaConfig:
     config = LlamaConfig(**shapes)
     config.rope_parameters = {**_LLAMA3, "original_max_position_embeddings": 8192}
@@ -69,11 +90,13 @@ def _llama3(shapes: dict) -> LlamaConfig:
 
 FAMILIES = {
     "gemma3": (_gemma3, Gemma3ForCausalLM),
+    "gemma2": (_gemma2, Gemma2ForCausalLM),
     "llama": (lambda shapes: LlamaConfig(**shapes), LlamaForCausalLM),
     "llama3": (_llama3, LlamaForCausalLM),
     "mistral": (lambda shapes: MistralConfig(**shapes, sliding_window=512), MistralForCausalLM),
     "qwen2": (lambda shapes: Qwen2Config(**shapes), Qwen2ForCausalLM),
     "qwen3": (lambda shapes: Qwen3Config(**shapes), Qwen3ForCausalLM),
+    "phi3": (_phi3, Phi3ForCausalLM),
 }
 
 
@@ -90,13 +113,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build(family: str, shapes: dict) -> LoadedModel:
+def build(family: str, shapes: dict, pack: bool = True) -> LoadedModel:
     """A random model of `family` at `shapes` (`SHAPES`: the embedded model's), prepared as loading
-    prepares one."""
+    prepares one for a CPU (`pack`: oneDNN's packed weight copies; none for another device)."""
     make_config, model_class = FAMILIES[family]
     torch.manual_seed(0)
     model = model_class(make_config(shapes)).eval().requires_grad_(False)
-    pack_weights(use_column_kernels(model))
+    if pack:
+        pack_weights(use_column_kernels(model))
     return LoadedModel(model, None, family, frozenset(), shapes["vocab_size"], shapes["max_position_embeddings"])
 
 

@@ -27,6 +27,12 @@ SPECDEC_PAGED_DECODER=0 python -m specdec.bench.gpu_engine --device cuda --dtype
   --json "$out/embedded-fp32-modules.json"
 python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile cudagraphs --json "$out/embedded-bf16.json"
 python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile inductor --json "$out/embedded-bf16-inductor.json"
+# One random model per family the fused decoder serves, at the embedded model's shapes: fp32 exact
+# on CUDA (speculative == target-only, batched == one at a time), eager and compiled.
+for family in gemma2 gemma3 llama llama3 mistral qwen2 qwen3 phi3; do
+  python -m specdec.bench.gpu_engine --device cuda --dtype fp32 --compile cudagraphs --family "$family" \
+    --concurrency 1,16,64 --repeats 3 --json "$out/family-$family-fp32.json"
+done
 if [ -n "$larger" ]; then
   python -m specdec.bench.gpu_engine --device cuda --dtype bf16 --compile cudagraphs --model "$larger" \
     --json "$out/larger-bf16.json"

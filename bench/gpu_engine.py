@@ -1,11 +1,12 @@
 """The target engine on one device: exactness first, then verify latency against k and decode
 throughput against concurrency.
 
-  python -m specdec.bench.gpu_engine [--device cuda] [--model SPEC] [--dtype bf16|fp32]
+  python -m specdec.bench.gpu_engine [--device cuda] [--model SPEC | --family KIND] [--dtype bf16|fp32]
       [--compile inductor|cudagraphs] [--json PATH]
 
 Run by bench/gpu_check.sh on a GPU (it runs on a CPU too, which is how the suite keeps it
-working). For the model (default: the embedded Gemma 3 270M):
+working). For the model (default: the embedded Gemma 3 270M; with --family, a random model of that family
+at its shapes, `family_passes`, with its tokenizer):
 
 1. exactness: greedy speculative decoding with the n-gram drafter equals target-only greedy
    decoding for k = 1..8 (and how far target-only agrees with transformers' own `generate`,
@@ -32,16 +33,18 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
-from specdec.bench import flags
+from specdec.bench import family_passes, flags
 from specdec.coordinator.engine import EngineConfig, GenerationRequest
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
 from specdec.local.in_process import build_engine
 from specdec.runtime.compiled import COMPILE_MODES
-from specdec.runtime.loading import load_model
+from specdec.runtime.loading import load_model, load_tokenizer
+from specdec.runtime.models import LoadedModel
 from specdec.target_service.verifier import TargetVerifier, VerifyItem
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -49,6 +52,14 @@ PROMPT = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
     "def fibonacci_memo(n, memo={}):\n"
 )
+
+
+def random_family(kind: str, layers: int, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    """A random `kind` model at the embedded model's shapes (`layers` of them), with its tokenizer:
+    random weights serve the exactness checks as well as trained ones."""
+    loaded = family_passes.build(kind, dict(family_passes.SHAPES, num_hidden_layers=layers), pack=device.type == "cpu")
+    loaded.model.to(device=device, dtype=dtype)
+    return replace(loaded, tokenizer=load_tokenizer(None), name=f"random {kind}")
 
 
 def _sync(device: torch.device) -> None:
@@ -159,6 +170,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.gpu_engine", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default=None, help="load_model spec (default: the embedded Gemma 3 270M)")
+    p.add_argument("--family", choices=family_passes.FAMILIES, help="a random model of this family, not --model")
+    p.add_argument("--layers", type=int, default=18, help="with --family: its decoder layers (default 18)")
     p.add_argument("--dtype", choices=DTYPES, default="fp32")
     p.add_argument("--context", type=int, default=512, help="tokens each session holds (default 512)")
     p.add_argument("--concurrency", default="1,4,16,64,128", help="sessions per decode pass, comma separated")
@@ -180,7 +193,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     device = torch.device(args.device)
-    loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device)
+    if args.family:
+        loaded = random_family(args.family, args.layers, DTYPES[args.dtype], device)
+    else:
+        loaded = load_model(args.model, dtype=DTYPES[args.dtype], device=device)
     result = {"model": loaded.name, "device": str(device), "dtype": args.dtype, "compile": args.compile}
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
