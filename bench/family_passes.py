@@ -109,6 +109,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     p.add_argument("--layers", type=int, default=18, help="decoder layers (default 18, as Gemma 3 270M)")
     p.add_argument("--vocab", type=int, default=262_144, help="vocabulary (default 262,144, as Gemma 3 270M)")
+    p.add_argument(
+        "--versus-gemma3", action="store_true", help="time each family's fused pass against Gemma 3's, in turns"
+    )
+    p.add_argument("--rounds", type=int, default=5, help="with --versus-gemma3: turns per cell (default 5)")
     flags.add_json(p)
     return p.parse_args(argv)
 
@@ -147,11 +151,40 @@ def time_passes(verifier, rows: int, context: int, passes: int, tag: str) -> flo
     return 1000 * statistics.median(seconds[1:])
 
 
+def versus_gemma3(args, shapes: dict, rows: list[int]) -> list[dict]:
+    """Each family's fused pass against Gemma 3's at the same shapes: both models loaded side by
+    side and their passes timed in turns (`--rounds` medians of `--passes`), so the machine's drift
+    falls on both alike; the ratio is the median of the per-turn ratios."""
+    gemma = TargetVerifier(build("gemma3", shapes), kv_cache_bytes=1 << 30)
+    results = []
+    for family in [f for f in args.families.split(",") if f != "gemma3"]:
+        other = TargetVerifier(build(family, shapes), kv_cache_bytes=1 << 30)
+        for r in rows:
+            turns = []
+            for i in range(args.rounds):
+                base = time_passes(gemma, r, args.context, args.passes, f"gemma3-{family}-{i}")
+                turns.append(time_passes(other, r, args.context, args.passes, f"{family}-{i}") / base)
+            ratio = statistics.median(turns)
+            results.append({"family": family, "rows": r, "fused_over_gemma3": ratio, "turns": turns})
+            print(
+                f"{family:8} {r:3} rows: fused pass / Gemma 3's {ratio:.2f} (turns {min(turns):.2f}-{max(turns):.2f})"
+            )
+        del other
+        gc.collect()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     shapes = dict(SHAPES, num_hidden_layers=args.layers, vocab_size=args.vocab)
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
+    if args.versus_gemma3:
+        results = versus_gemma3(args, shapes, rows)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"config": vars(args), "rows": results}, f, indent=1)
+        return 0
     results = []
     for family in args.families.split(","):
         loaded = build(family, shapes)
