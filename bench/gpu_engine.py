@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from specdec.bench import flags
+from specdec.benchmark import flags
 from specdec.coordinator.engine import EngineConfig, GenerationRequest
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
