@@ -8,15 +8,17 @@ One run, on the same models and prompts, side by side:
   3. the peer, transformers' own generate in this process: greedy, prompt lookup
      (prompt_lookup_num_tokens) and assisted generation with the same draft model (assistant_model);
   4. the ideal: Leviathan et al.'s speedup from the measured per-position acceptance and step
-     costs (ideal.py), and measured / ideal as the system's efficiency;
-  5. concurrency: N streams at once, speculation off, on and load-aware (concurrency.py).
+     costs (specdec/benchmark/ideal.py), and measured / ideal as the system's efficiency;
+  5. concurrency: N streams at once, speculation off, on and load-aware
+     (specdec/benchmark/concurrency.py).
 It prints tables and the goals met or missed, and writes results.json, the spans it read
 (spans.jsonl) and four PNG plots into --out.
 
 The stack is what `specdec up` runs (draft server subprocess, the target actor on a local Ray,
 the coordinators in this process, gRPC on loopback); every tier writes its spans to one trace
-file, from which the per-round figures come. Workloads ship in the repo (prompts.py):
-copy (rewrites and edits of stdlib functions), free (prose and code openers), mixed.
+file, from which the per-round figures come. Workloads ship in the package
+(specdec/benchmark/prompts.py): copy (rewrites and edits of stdlib functions), free (prose and
+code openers), mixed.
 """
 
 from __future__ import annotations
