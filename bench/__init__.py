@@ -1,2 +1,2 @@
-"""The benchmarks: `specdec bench` (suite/), and the component benchmarks run as
-`python -m specdec.bench.<module>` (bench/README.md)."""
+"""The component benchmarks, run as `python -m specdec.bench.<module>` (bench/README.md); the
+suite that `specdec bench` runs is product code, in specdec/benchmark/."""

@@ -1,7 +1,7 @@
-"""`python -m specdec.bench`: the benchmark suite (bench/suite/run.py), as `specdec bench`."""
+"""`python -m specdec.bench`: the benchmark suite (specdec/benchmark/run.py), as `specdec bench`."""
 
 import sys
 
-from specdec.bench.suite.run import main
+from specdec.benchmark.run import main
 
 sys.exit(main())

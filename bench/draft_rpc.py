@@ -40,7 +40,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.bench import flags
+from specdec.benchmark import flags
 from specdec.coordinator.clients import DraftClient
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.service import DraftConfig, DraftCore, ProposeCall

@@ -1,7 +1,7 @@
 """Drafters side by side on tuning and held-out prompts, through the stack: which one should
 `auto` be?
 
-For each kind of workload (bench/heldout.py: repeated, free, copy) and each of its two sets
+For each kind of workload (specdec/benchmark/heldout.py: repeated, free, copy) and each of its two sets
 (tuning, held-out), the set's requests are served one after another, as similar requests come
 to a server; for each request every arm runs once, in a fresh seeded order. Arms:
 
@@ -39,9 +39,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specdec.bench import flags, heldout
-from specdec.bench.single_process import _git_commit
-from specdec.bench.stack import Run, coordinators, stack_method
+from specdec.benchmark import flags, heldout
+from specdec.benchmark.provenance import git_commit
+from specdec.benchmark.stack import Run, coordinators, stack_method
 from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
@@ -210,7 +210,7 @@ def _summarize(args, prompts, runs) -> dict:
     out["auto"] = choose_auto(out["sets"], args.arm)
     out["config"] = {
         **vars(args),
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

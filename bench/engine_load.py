@@ -5,7 +5,7 @@
 One local stack (what `specdec up` runs: the n-gram draft server, one target actor on a local
 Ray, coordinators in this process over gRPC on loopback), greedy, EOS off (every request makes
 exactly --max-new-tokens tokens). Each cell is N streams, each running its share of a prompt set
-back to back (bench/suite/concurrency.py), speculation off unless named:
+back to back (specdec/benchmark/concurrency.py), speculation off unless named:
 
   short   four short free-text prompts written for this benchmark (about 96 tokens each; not
           in the suite, the distillation corpus or any tuning): 1 and 16 streams
@@ -33,11 +33,11 @@ from dataclasses import replace
 
 import torch
 
-from specdec.bench import flags
-from specdec.bench.prompts import suite_workload
-from specdec.bench.single_process import _git_commit
-from specdec.bench.stack import coordinators
-from specdec.bench.suite.concurrency import run_level
+from specdec.benchmark import flags
+from specdec.benchmark.concurrency import run_level
+from specdec.benchmark.prompts import suite_workload
+from specdec.benchmark.provenance import git_commit
+from specdec.benchmark.stack import coordinators
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
 from specdec.local.stack import LocalStack, StackConfig
@@ -129,7 +129,7 @@ async def run(args: argparse.Namespace) -> dict:
             "cpus": torch.get_num_threads(),
             "torch": torch.__version__,
             "python": platform.python_version(),
-            "commit": _git_commit(),
+            "commit": git_commit(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
         "cells": cells,

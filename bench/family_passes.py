@@ -36,7 +36,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from specdec.bench import flags
+from specdec.benchmark import flags
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
 from specdec.runtime import paged_decoder as decoders

@@ -37,7 +37,8 @@ from dataclasses import replace
 
 import torch
 
-from specdec.bench import family_passes, flags
+from specdec.bench import family_passes
+from specdec.benchmark import flags
 from specdec.coordinator.engine import EngineConfig, GenerationRequest
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams

@@ -35,7 +35,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
-from specdec.bench import flags
+from specdec.benchmark import flags
 
 ARMS = ("grpc", "http")
 MODES = ("unary", "stream")
@@ -286,7 +286,7 @@ async def run(args: argparse.Namespace) -> dict:
 
 
 async def _stack_part(args: argparse.Namespace, pool) -> list[dict]:
-    from specdec.bench.prompts import workload
+    from specdec.benchmark.prompts import workload
     from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
     from specdec.coordinator.remote import connect_engine
     from specdec.coordinator.server import GenerationServer, ServerConfig

@@ -25,7 +25,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specdec.bench import flags
+from specdec.benchmark import flags
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
 from specdec.runtime.projection import HEAD_LABEL
@@ -101,7 +101,7 @@ def measure(verifier, prompt: list[int], rows: int, passes: int) -> dict[str, fl
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from specdec.bench.prompts import FREE_PROSE_PROMPTS
+    from specdec.benchmark.prompts import FREE_PROSE_PROMPTS
     from specdec.runtime.loading import load_model
     from specdec.target_service.verifier import TargetVerifier
 

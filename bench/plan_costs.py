@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from specdec.bench import flags
+from specdec.benchmark import flags
 from specdec.plan import closed_loop_tokens_per_s, load_costs, overhead_line
 
 STREAMS = (1, 4, 16)  # checked
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def measure_costs(args: argparse.Namespace, loaded) -> dict:
-    from specdec.bench.prompts import FREE_PROSE_PROMPTS
+    from specdec.benchmark.prompts import FREE_PROSE_PROMPTS
     from specdec.core.acceptance import DraftProposal
     from specdec.core.sampling import SamplingParams
     from specdec.target_service.verifier import TargetVerifier, VerifyItem
@@ -109,8 +109,8 @@ def measure_costs(args: argparse.Namespace, loaded) -> dict:
 
 async def measure_levels(args: argparse.Namespace, prompts: list[list[int]]) -> dict[int, list[dict]]:
     """Each level's closed-loop runs through the local stack, --repeats times in a seeded order."""
-    from specdec.bench.stack import coordinators
-    from specdec.bench.suite.concurrency import run_level
+    from specdec.benchmark.concurrency import run_level
+    from specdec.benchmark.stack import coordinators
     from specdec.coordinator.engine import EngineConfig
     from specdec.coordinator.server import ServerConfig
     from specdec.local.stack import LocalStack, StackConfig
@@ -176,7 +176,7 @@ async def check(args: argparse.Namespace, tokenizer, costs_path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specdec.bench.single_process import _git_commit
+    from specdec.benchmark.provenance import git_commit
     from specdec.runtime.loading import load_model
 
     args = parse_args(argv)
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     with open(path, "w") as f:

@@ -27,18 +27,18 @@ import json
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from specdec.bench import flags
-from specdec.bench.prompts import WORKLOADS, workload
+from specdec.bench.flags import add_workload_flags, require_positive
+from specdec.benchmark import flags
+from specdec.benchmark.prompts import WORKLOADS, workload
+from specdec.benchmark.provenance import git_commit
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculationStats
 from specdec.local.in_process import build_engine, load_pair
 from specdec.runtime.models import LoadedModel
@@ -197,16 +197,6 @@ def print_tables(results: dict, out=None) -> None:
         print("\nGREEDY EQUALITY FAILED (tokens differ from ours_k0): " + "; ".join(bad), file=out)
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
-        )
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     if argv[:1] == ["--"]:  # the separator a wrapping CLI's REMAINDER passes on (`-- --k 6`)
         argv = argv[1:]
@@ -218,9 +208,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     flags.add_max_new_tokens(p, 64, "tokens every method generates")
     flags.add_repeats(p, 3, "timed runs per method and prompt; tables show the median")
     flags.add_k(p, DEFAULT_K, "max draft tokens, ours and transformers' prompt_lookup_num_tokens")
-    flags.add_workload_flags(p)
+    add_workload_flags(p)
     args = p.parse_args(argv)
-    flags.require_positive(p, args, ("max_new_tokens", "repeats", "k", "prompts"))
+    require_positive(p, args, ("max_new_tokens", "repeats", "k", "prompts"))
     return args
 
 
@@ -261,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "python": platform.python_version(),
             "machine": platform.machine(),
-            "commit": _git_commit(),
+            "commit": git_commit(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         },
         "prompts": rows,

@@ -30,9 +30,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 from tqdm import tqdm
 
-from specdec.bench import flags
-from specdec.bench.prompts import WORKLOADS, workload
-from specdec.bench.stack import POOL, coordinators, stack_method
+from specdec.bench.flags import add_workload_flags
+from specdec.bench.stack import POOL
+from specdec.benchmark import flags
+from specdec.benchmark.prompts import WORKLOADS, workload
+from specdec.benchmark.stack import coordinators, stack_method
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
 from specdec.local.stack import LocalStack, StackConfig
@@ -45,7 +47,7 @@ ARMS = ("traced", "untraced")
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench.tracing", description=__doc__.split("\n\n")[0])
     p.add_argument("--drafter", default="ngram", help="the draft server's model (default ngram)")
-    flags.add_workload_flags(p)
+    add_workload_flags(p)
     flags.add_max_new_tokens(p, 64)
     flags.add_repeats(p, 5)
     flags.add_k(p, 8)

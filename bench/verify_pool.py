@@ -53,7 +53,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bench never downloads a mode
 
 import torch  # noqa: E402
 
-from specdec.bench import flags  # noqa: E402
+from specdec.benchmark import flags  # noqa: E402
 from specdec.core.acceptance import DraftProposal, Verification  # noqa: E402
 from specdec.core.sampling import SamplingParams  # noqa: E402
 from specdec.drafts.tiny_llama import make_tiny_llama  # noqa: E402

@@ -21,7 +21,7 @@ bounded in tokens, oldest out first; `SuffixDrafter` drafts from one pool of can
   match-length limit do); a chain follows the best child while its score stays at least
   `min_token_prob`, a tree takes the best-scored nodes first. The coordinator's k caps either.
 
-The constants were chosen on the benchmark's tuning sets (bench/heldout.py) by replaying the
+The constants were chosen on the benchmark's tuning sets (specdec/benchmark/heldout.py) by replaying the
 target's outputs (bench/results/history/bench-readme-figures.md, "Drafters replayed"); the
 held-out sets, through the stack, judge them.
 

@@ -519,7 +519,7 @@ _DELEGATED = {
         "distil a small pruned-vocabulary draft model from a target (resumable)",
     ),
     "bench": (
-        "specdec.bench.suite.run",
+        "specdec.benchmark.run",
         "the benchmark suite: speculation vs target-only vs transformers, batch 1 and under concurrency "
         "(bench/README.md)",
     ),

@@ -22,7 +22,7 @@ def stage_installed_tree(out: Path) -> Path:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     package_dir: dict[str, str] = setuptools["package-dir"]
     for package in setuptools["packages"]:
-        # The longest mapped prefix owns the package (specdec.bench.suite lies under bench/).
+        # The longest mapped prefix owns the package (specdec.coordinator lies under coordinator/).
         prefix = max((p for p in package_dir if package == p or package.startswith(p + ".")), key=len)
         source = ROOT / package_dir[prefix] / Path(*package[len(prefix) :].split(".")[1:])
         target = out / Path(*package.split("."))

@@ -6,8 +6,8 @@ import json
 
 from tiny import make_tiny_model
 
-from specdec.bench.prompts import WORKLOADS, workload
 from specdec.bench.single_process import METHODS, main
+from specdec.benchmark.prompts import WORKLOADS, workload
 
 
 def test_workloads_are_deterministic_and_copy_prompts_quote_stdlib_code():

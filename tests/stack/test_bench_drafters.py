@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from specdec.bench import drafters, heldout
+from specdec.bench import drafters
+from specdec.benchmark import heldout
 
 
 def test_held_out_sets_share_no_prompt_with_the_tuning_sets():

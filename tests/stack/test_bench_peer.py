@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from specdec.bench.suite import servers
+from specdec.benchmark import servers
 from specdec.cli.app import main as cli_main
 
 

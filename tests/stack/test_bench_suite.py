@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from specdec.bench.prompts import SUITE_WORKLOADS, suite_workload
-from specdec.bench.suite.ideal import efficiency, expected_tokens, position_rates
-from specdec.bench.suite.spans import Request, Round, acceptance_by_position
+from specdec.benchmark.ideal import efficiency, expected_tokens, position_rates
+from specdec.benchmark.prompts import SUITE_WORKLOADS, suite_workload
+from specdec.benchmark.spans import Request, Round, acceptance_by_position
 from specdec.cli.app import main as cli_main
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.bench import cold_prompts, heldout, prompts
-from specdec.bench.suite import cold
+from specdec.benchmark import cold, cold_prompts, heldout, prompts
 from specdec.drafts.tiny_llama import make_tokenizer
 
 

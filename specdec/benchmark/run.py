@@ -8,15 +8,17 @@ One run, on the same models and prompts, side by side:
   3. the peer, transformers' own generate in this process: greedy, prompt lookup
      (prompt_lookup_num_tokens) and assisted generation with the same draft model (assistant_model);
   4. the ideal: Leviathan et al.'s speedup from the measured per-position acceptance and step
-     costs (bench/suite/ideal.py), and measured / ideal as the system's efficiency;
-  5. concurrency: N streams at once, speculation off, on and load-aware (bench/suite/concurrency.py).
+     costs (specdec/benchmark/ideal.py), and measured / ideal as the system's efficiency;
+  5. concurrency: N streams at once, speculation off, on and load-aware
+     (specdec/benchmark/concurrency.py).
 It prints tables and the goals met or missed, and writes results.json, the spans it read
 (spans.jsonl) and four PNG plots into --out.
 
 The stack is what `specdec up` runs (draft server subprocess, the target actor on a local Ray,
 the coordinators in this process, gRPC on loopback); every tier writes its spans to one trace
-file, from which the per-round figures come. Workloads ship in the repo (bench/prompts.py):
-copy (rewrites and edits of stdlib functions), free (prose and code openers), mixed.
+file, from which the per-round figures come. Workloads ship in the package
+(specdec/benchmark/prompts.py): copy (rewrites and edits of stdlib functions), free (prose and
+code openers), mixed.
 """
 
 from __future__ import annotations
@@ -39,14 +41,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tqdm import tqdm
 
-from specdec.bench import flags
-from specdec.bench import prompts as workloads
-from specdec.bench.single_process import _git_commit
-from specdec.bench.stack import coordinators, drafter_spec, stack_method
-from specdec.bench.suite import batch1, concurrency, plots, report, serving
-from specdec.bench.suite.batch1 import Prompt
-from specdec.bench.suite.peer import hf_methods
-from specdec.bench.suite.spans import read_requests
+from specdec.benchmark import batch1, concurrency, flags, plots, report, serving
+from specdec.benchmark import prompts as workloads
+from specdec.benchmark.batch1 import Prompt
+from specdec.benchmark.peer import hf_methods
+from specdec.benchmark.provenance import git_commit
+from specdec.benchmark.spans import read_requests
+from specdec.benchmark.stack import coordinators, drafter_spec, stack_method
 from specdec.coordinator.clients import DraftClient
 from specdec.coordinator.engine import EngineConfig
 from specdec.coordinator.server import ServerConfig
@@ -108,7 +109,7 @@ def _add_peer_flags(p: argparse.ArgumentParser) -> None:
         choices=("transformers", "vllm"),
         default="transformers",
         help="vllm: compare servers instead, `specdec up` against vLLM's OpenAI server through one client "
-        "(bench/suite/serving.py; --concurrency, --repeats, --max-new-tokens apply) (default transformers)",
+        "(specdec/benchmark/serving.py; --concurrency, --repeats, --max-new-tokens apply) (default transformers)",
     )
     p.add_argument("--peer-url", default=None, help="a vLLM OpenAI server already running (implies --peer vllm)")
     p.add_argument(
@@ -364,7 +365,7 @@ def _results(args: argparse.Namespace, prompts: list[Prompt], runs: list, levels
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     return results

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from specdec.bench.stack import Method, Run
-from specdec.bench.suite.ideal import efficiency
-from specdec.bench.suite.spans import Request, acceptance_by_position, time_split
+from specdec.benchmark.ideal import efficiency
+from specdec.benchmark.spans import Request, acceptance_by_position, time_split
+from specdec.benchmark.stack import Method, Run
 
 BASELINE = "target_only"
 OURS = ("ngram", "model", "hybrid")  # speculative methods through the stack

@@ -1,7 +1,7 @@
 """Servers side by side: `specdec up` against vLLM's OpenAI server, through one OpenAI client.
 
-Two workloads. cold, the headline: prompts written for the benchmark (bench/cold_prompts.py),
-each sent once in a server's life, on fresh servers for every repeat (bench/suite/cold.py): what
+Two workloads. cold, the headline: prompts written for the benchmark (cold_prompts.py),
+each sent once in a server's life, on fresh servers for every repeat (cold.py): what
 a server meets in production. repeat: each set's few prompts sent again at every level and every
 repeat to one long-lived server of each kind, the suffix cache's home ground (it learns every
 completion), reported beside the cold figures, never as the headline.
@@ -45,8 +45,8 @@ import random
 import sys
 from pathlib import Path
 
-from specdec.bench.suite.servers import Server
-from specdec.bench.suite.waves import PERCENTILES, paired_ratios, summarise, transformers_wave, wave
+from specdec.benchmark.servers import Server
+from specdec.benchmark.waves import PERCENTILES, paired_ratios, summarise, transformers_wave, wave
 
 ARMS = ("specdec_off", "specdec", "vllm", "vllm_ngram", "transformers")
 
@@ -157,9 +157,9 @@ SETS = ("free", "free_heldout", "similar", "similar_heldout")
 
 
 def prompt_sets(tokenizer, names: list[str], n: int, max_tokens: int = 0) -> dict[str, list[list[int]]]:
-    """Token ids of the first `n` prompts of each named set (bench/heldout.py: free text and
+    """Token ids of the first `n` prompts of each named set (heldout.py: free text and
     similar requests, each as a tuning and a held-out set), cut to their last `max_tokens` (0: whole)."""
-    from specdec.bench import heldout
+    from specdec.benchmark import heldout
 
     kinds = heldout.sets()
     out = {}
@@ -176,8 +176,8 @@ WORKLOADS = ("cold", "repeat")
 async def run(args) -> dict:
     """`specdec bench --peer vllm`: the cold workload on fresh servers per repeat, then the repeat
     workload on one long-lived server of each kind."""
-    from specdec.bench.suite import cold
-    from specdec.bench.suite import servers as srv
+    from specdec.benchmark import cold
+    from specdec.benchmark import servers as srv
     from specdec.runtime.models import load_checkpoint_tokenizer
 
     out_dir = Path(args.out)
@@ -211,7 +211,7 @@ async def run(args) -> dict:
         result["table"].update(measured["table"])
         result["mismatches"] += measured["mismatches"]
         result["repeat_sets"] = list(sets)
-    from specdec.bench.single_process import _git_commit
+    from specdec.benchmark.provenance import git_commit
 
     result["config"] = {
         "workloads": args.peer_workload,
@@ -225,7 +225,7 @@ async def run(args) -> dict:
         "kv_gib": args.peer_kv_gib,
         "specdec_flags": args.specdec_flags,
         "model_dir": str(model_dir),
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
@@ -237,7 +237,7 @@ async def run(args) -> dict:
 def _launcher(args, model_dir: Path, out_dir: Path):
     """arm -> a fresh server of that arm, ready, and its stop (`cold.Launch`); a peer reached at
     --peer-url is the one server that is not started, nor stopped."""
-    from specdec.bench.suite import servers as srv
+    from specdec.benchmark import servers as srv
 
     async def launch(arm: str):
         log = out_dir / f"cold-{arm}.log"
@@ -264,7 +264,7 @@ def _launcher(args, model_dir: Path, out_dir: Path):
 
 async def _repeat(args, model_dir: Path, out_dir: Path, hf, sets: dict[str, list[list[int]]]) -> dict:
     """The repeat workload: every set at every level on one long-lived server of each kind."""
-    from specdec.bench.suite import servers as srv
+    from specdec.benchmark import servers as srv
 
     logs = {name: out_dir / f"{name}.log" for name in ("specdec", "vllm", "vllm_ngram")}
     ours = srv.start_specdec(args.target_model, f"{args.peer_kv_gib}GiB", logs["specdec"], args.specdec_flags)

@@ -2,7 +2,7 @@
 
 Defaults (which drafter `auto` means) are chosen on prompts the tuning never saw: the held-out
 sets here were written for this benchmark, apart from the tuning prompts, the suite's prompts
-(bench/prompts.py) and the distillation corpus, and are reported beside the tuning sets.
+(prompts.py) and the distillation corpus, and are reported beside the tuning sets.
 
 - repeated: similar requests served one after another, the case a cache of earlier completions
   is for. Tuning: the same kind of small function for different inputs. Held-out: SQL queries
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 
-from specdec.bench.prompts import DATA, FREE_CODE_PROMPTS, FREE_PROSE_PROMPTS, copy_prompts, stdlib_source
+from specdec.benchmark.prompts import DATA, FREE_CODE_PROMPTS, FREE_PROSE_PROMPTS, copy_prompts, stdlib_source
 
-# The prompt text is data (bench/data/heldout.json): the repeated sets (tuning: one function
+# The prompt text is data (data/heldout.json): the repeated sets (tuning: one function
 # template over 8 aggregates; held-out: SQL over 4 tables), the held-out openers, and the held-out
 # copies' instruction and stdlib candidates, in order (those outside 15-40 lines in this Python's
 # stdlib, or not written in Python, are skipped).

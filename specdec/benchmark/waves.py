@@ -1,6 +1,6 @@
 """Waves of streamed requests against one server, and their summaries: throughput, time to first
 token, the gaps between chunks and tokens at p50/p90/p99, and ratios paired by repeat. Shared by
-the cold and the repeat workloads of `specdec bench --peer vllm` (bench/suite/serving.py)."""
+the cold and the repeat workloads of `specdec bench --peer vllm` (serving.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from specdec.bench.suite.servers import Server
+from specdec.benchmark.servers import Server
 
 
 @dataclass

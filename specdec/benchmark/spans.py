@@ -4,7 +4,7 @@ The coordinator's `specdec.round` span says what a round drafted, accepted and c
 long the engine waited for drafts and for verification; the target actor's `specdec.verify`
 span under it says how long the forward pass itself took; the draft server's Propose spans say
 what drafting cost. Together they give the per-round time split and the inputs of the ideal
-(bench/suite/ideal.py) without any clock of the benchmark's own.
+(ideal.py) without any clock of the benchmark's own.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A user's traffic is mostly new prompts, and a cache of earlier completions (our suffix drafter's
 global tree, a peer's prefix cache) answers a prompt it saw before from memory: a benchmark that
 sends its prompts again measures that memory. Here every prompt of the cold set
-(bench/cold_prompts.py, rendered through the model's chat template) is sent once in a server's
+(cold_prompts.py, rendered through the model's chat template) is sent once in a server's
 life: each repeat starts a fresh server for every arm (ours with speculation off, ours with its
 default drafter, the peer's), and the concurrency levels of a repeat take disjoint prompts
 (`assign`). What the suffix tree learns from the other new prompts of its life it may use: that
@@ -20,8 +20,8 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 
-from specdec.bench.suite import waves
-from specdec.bench.suite.servers import Server
+from specdec.benchmark import waves
+from specdec.benchmark.servers import Server
 
 SET = "cold"
 WARMUP_TEXT = "Say hello."  # each wave's first request (2 tokens): connects and warms, not measured
@@ -42,7 +42,7 @@ def render(tokenizer, messages: tuple[tuple[str, str], ...], max_tokens: int = 0
 
 
 def pool(tokenizer, max_tokens: int = 0) -> list[list[int]]:
-    from specdec.bench import cold_prompts
+    from specdec.benchmark import cold_prompts
 
     return [render(tokenizer, messages, max_tokens) for _, messages in cold_prompts.conversations()]
 

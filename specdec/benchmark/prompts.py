@@ -6,13 +6,13 @@
   little and speculation must at least not cost much (a small model's greedy output still
   repeats itself, and the drafter looks up generated text too).
 
-The benchmark suite (bench/suite) mixes in two more kinds through `suite_workload`: edits (rename
+The benchmark suite (`specdec bench`) mixes in two more kinds through `suite_workload`: edits (rename
 a stdlib function: the answer is the prompt's code with its first line changed) next to the
 rewrites, code openers next to the prose ones, and `mixed`, which alternates copy and free.
 
 Sources come from a fixed list of short stdlib functions (15-40 lines, ~150-300 Gemma tokens),
 so a run is deterministic for a given Python version; the openers, templates and the list are
-data (bench/data/suite.json).
+data (data/suite.json).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 WORKLOADS = ("copy", "free")
 SUITE_WORKLOADS = ("copy", "free", "mixed")
 
-# The prompt text is data (bench/data/suite.json), read once on import.
+# The prompt text is data (data/suite.json), read once on import.
 DATA = Path(__file__).parent / "data"
 _SUITE = json.loads((DATA / "suite.json").read_text(encoding="utf-8"))
 

@@ -1,4 +1,4 @@
-"""Starting and stopping the servers `specdec bench --peer vllm` compares (bench/suite/serving.py).
+"""Starting and stopping the servers `specdec bench --peer vllm` compares (serving.py).
 
 Ours is `specdec up` in a process group of its own; vLLM's OpenAI server runs from the Python of
 its own venv (`--peer-python`), on a directory holding the same converted checkpoint and its

@@ -1,5 +1,5 @@
 """The suite's four PNG plots, drawn from its JSON result alone (so a result can be re-plotted:
-`python -m specdec.bench.suite.plots results.json`)."""
+`python -m specdec.benchmark.plots results.json`)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from specdec.bench.stack import Method, Run
+from specdec.benchmark.stack import Method, Run
 
 
 def hf_method(model: torch.nn.Module, **generate_kwargs) -> Method:

@@ -1,10 +1,10 @@
 """The cold set: conversations written for `specdec bench --peer vllm` and sent once each in a
 server's life, so that no cache of earlier completions holds their answers. None of them comes
-from the tuning or held-out sets (bench/heldout.py), the suite's prompts (bench/prompts.py) or
+from the tuning or held-out sets (heldout.py), the suite's prompts (prompts.py) or
 the distillation corpus. Kinds: chat questions, explanations, code, lists, rewriting and
 summarising a given passage, and multi-turn chats (rendered through the model's chat template).
 
-The text is data, bench/data/cold.jsonl: one conversation a line, {"kind", "messages": [[role,
+The text is data, data/cold.jsonl: one conversation a line, {"kind", "messages": [[role,
 text], ...]}, each kind's in its order.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from specdec.bench.prompts import DATA
+from specdec.benchmark.prompts import DATA
 
 Messages = tuple[tuple[str, str], ...]
 

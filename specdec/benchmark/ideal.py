@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from specdec.bench.suite.spans import Request, per_position
+from specdec.benchmark.spans import Request, per_position
 
 
 def position_rates(requests: Sequence[Request]) -> list[float]:
