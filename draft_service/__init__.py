@@ -1,5 +1,5 @@
-"""The draft tier: drafters (n-gram lookup, suffix decoding, a draft model, hybrids) behind the batching
-DraftCore, served over gRPC (DraftService) by DraftServer."""
+"""The draft tier: drafters (n-gram lookup, suffix decoding, a draft model, hybrids) behind one `Drafter`
+contract and the batching DraftCore, served over gRPC (DraftService) by DraftServer."""
 
 from specdec._exports import lazy_exports
 
@@ -7,6 +7,9 @@ _EXPORTS = {
     "DraftCore": "service",
     "DraftConfig": "service",
     "DraftServer": "server",
+    "Drafter": "drafter",
+    "DraftRequest": "drafter",
+    "build_drafter": "registry",
     "NgramDrafter": "ngram",
     "ModelDrafter": "model_drafter",
     "HybridDrafter": "hybrid",

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from specdec.core.acceptance import DraftProposal
 from specdec.core.draft_source import model_draft_limit
 from specdec.core.sampling import SamplingParams
-from specdec.draft_service.model_drafter import ModelDrafter, ProposeItem
+from specdec.draft_service.drafter import DraftRequest
 from specdec.draft_service.ngram import NgramConfig, NgramDrafter
 from specdec.draft_service.suffix import SuffixDrafter
+
+if TYPE_CHECKING:  # transformers takes seconds to import; the spec parsing here needs none of it
+    from specdec.draft_service.model_drafter import ModelDrafter
 
 PREFIX = "hybrid:"  # --draft-model hybrid:SPEC serves SPEC with n-gram rounds where they match
 SUFFIX_PREFIX = "suffix:"  # --draft-model suffix:SPEC: suffix-decoding rounds where they match, SPEC elsewhere
@@ -42,7 +46,7 @@ class HybridConfig:
     max_match: int = 6  # longest suffix tried first (longer matches predict better)
 
 
-def model_k(item: ProposeItem) -> int:
+def model_k(item: DraftRequest) -> int:
     """The tokens the model may draft for `item`: its k, capped by its model_k when set."""
     return model_draft_limit(item.k, item.model_k)
 
@@ -61,7 +65,8 @@ def uses_suffix(spec: str | None) -> bool:
 
 
 class HybridDrafter:
-    """Same interface as ModelDrafter (propose, propose_batch, end_session)."""
+    """Same drafting interface as ModelDrafter (propose, propose_batch); `HybridDrafting`
+    (registry.py) puts it behind the `Drafter` contract."""
 
     def __init__(self, model: ModelDrafter, config: HybridConfig = HybridConfig(), suffix: SuffixDrafter | None = None):
         if not 1 <= config.min_match <= config.max_match:
@@ -80,8 +85,8 @@ class HybridDrafter:
 
     def choose(self, tokens: Sequence[int], k: int) -> DraftProposal | None:
         """This round's lookup: a match of at least min_match tokens ("ngram"), else a shorter
-        one ("ngram_short"), else None (the model drafts). Counted either way; the draft service
-        calls it directly (lookups need no model queue), propose_batch in process. With a suffix
+        one ("ngram_short"), else None (the model drafts). Counted either way; `HybridDrafting`
+        calls it directly (lookups need no model queue), propose_batch too. With a suffix
         drafter, its draft ("suffix") else None."""
         if self.suffix is not None:
             if k > 0 and (ids := self.suffix.propose(tokens, k)):
@@ -101,9 +106,9 @@ class HybridDrafter:
     def propose(
         self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams, model_k: int | None = None
     ) -> DraftProposal:
-        return self.propose_batch([ProposeItem(session_id, tokens, k, sampling, model_k)])[0]
+        return self.propose_batch([DraftRequest(session_id, tokens, k, sampling, model_k)])[0]
 
-    def propose_batch(self, items: Sequence[ProposeItem]) -> list[DraftProposal]:
+    def propose_batch(self, items: Sequence[DraftRequest]) -> list[DraftProposal]:
         """Lookups where a match exists; one batched model step for all the others (each capped at
         its item's model_k: at 0 the model is skipped and the round has no draft)."""
         proposals = [self.choose(item.tokens, item.k) for item in items]
@@ -116,8 +121,3 @@ class HybridDrafter:
         for i, proposal in zip(asked, drafted):
             proposals[i] = proposal
         return [p if p is not None else DraftProposal([], source="model") for p in proposals]
-
-    def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
-        self.model.end_session(session_id)
-        if self.suffix is not None:
-            self.suffix.learn(completion)

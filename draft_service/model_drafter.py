@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import MutableMapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -30,21 +29,11 @@ from specdec.core import rng
 from specdec.core.acceptance import DraftProposal
 from specdec.core.rng import Stream
 from specdec.core.sampling import SamplingParams, warp
+from specdec.draft_service.drafter import DraftRequest
 from specdec.drafts.pruned_draft import warp_pruned
 from specdec.runtime.kv_pool import OutOfBlocks, PagedSession
 from specdec.runtime.models import LoadedModel
 from specdec.runtime.ragged import Row, paged_pool, ragged_forward
-
-
-@dataclass
-class ProposeItem:
-    session_id: str
-    tokens: Sequence[int]  # the whole committed sequence
-    k: int  # draft tokens wanted
-    sampling: SamplingParams
-    # A hybrid's cap on what its model drafts (lookups keep k); None: k. The model drafter itself
-    # is only ever handed items already capped.
-    model_k: int | None = None
 
 
 class ModelDrafter:
@@ -73,10 +62,10 @@ class ModelDrafter:
         self._vocab_ids = getattr(loaded.model.get_output_embeddings(), "vocab_ids", None)
 
     def propose(self, session_id: str, tokens: Sequence[int], k: int, sampling: SamplingParams) -> DraftProposal:
-        return self.propose_batch([ProposeItem(session_id, tokens, k, sampling)])[0]
+        return self.propose_batch([DraftRequest(session_id, tokens, k, sampling)])[0]
 
     @torch.inference_mode()
-    def propose_batch(self, items: Sequence[ProposeItem]) -> list[DraftProposal]:
+    def propose_batch(self, items: Sequence[DraftRequest]) -> list[DraftProposal]:
         """Draft for several sessions at once: step j runs one ragged forward over every session
         that still wants a j-th token. Per-session results equal one-at-a-time results."""
         proposals = [DraftProposal([], source="model") for _ in items]
@@ -139,7 +128,7 @@ class ModelDrafter:
             return False  # no room: this session drafts what it has so far
         return True
 
-    def _end_batch(self, items: Sequence[ProposeItem], sessions: dict[int, PagedSession]) -> None:
+    def _end_batch(self, items: Sequence[DraftRequest], sessions: dict[int, PagedSession]) -> None:
         """Free what left during the batch: sessions ended or evicted meanwhile, and those the
         mapping would not keep (evicted before they were stored)."""
         with self._lock:

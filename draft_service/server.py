@@ -251,19 +251,18 @@ class DraftServer:
 
 def load_core(config: ServerConfig) -> DraftCore:
     from specdec.draft_service.hybrid import HybridConfig, parse_spec, uses_suffix
+    from specdec.draft_service.registry import draft_model
 
-    suffix = config.suffix if uses_suffix(config.draft_model) else None
-    if config.draft_model in ("ngram", "suffix"):
+    spec = config.draft_model
+    suffix = config.suffix if uses_suffix(spec) else None
+    model = draft_model(spec)
+    if model is None:
         return DraftCore(None, config.draft, suffix=suffix)
     from specdec.drafts.loading import load_model
 
-    inner = parse_spec(config.draft_model)  # "hybrid:SPEC" / "suffix:SPEC": lookup rounds where they match
-    return DraftCore(
-        load_model(inner or config.draft_model),
-        config.draft,
-        hybrid=None if inner is None else HybridConfig(),
-        suffix=suffix,
-    )
+    # "hybrid:SPEC" / "suffix:SPEC": lookup rounds where they match
+    hybrid = None if parse_spec(spec) is None else HybridConfig()
+    return DraftCore(load_model(model), config.draft, hybrid=hybrid, suffix=suffix)
 
 
 async def serve(

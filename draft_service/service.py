@@ -10,11 +10,12 @@ One store holds each session's committed tokens *and* the model drafter's KV cac
 `ModelDrafter` through a view), so one LRU/TTL/token bound covers all the memory a session pins
 and the two can never disagree about which sessions exist.
 
-Model calls are batched continuously: calls queue, and one worker takes whatever is waiting (up
-to `max_batch`, one call per session) whenever the model is free, and runs
-`ModelDrafter.propose_batch` in a thread. Lookups (the n-gram and suffix drafters, a hybrid's
-lookup rounds) need no model and are answered inline. A suffix drafter learns each request's
-completion from its `end_session`.
+Every drafter is reached through the `Drafter` contract (drafter.py), built by registry.py.
+Model calls are batched continuously: a model drafter's step queues its call, and one worker
+takes whatever is waiting (up to `max_batch`, one call per session) whenever the model is free,
+and runs `ModelDrafter.propose_batch` in a thread. Lookups (the n-gram and suffix drafters, a
+hybrid's lookup rounds) need no model and are answered inline. A drafter that learns (suffix
+decoding) observes each request's completion at its `end_session`.
 """
 
 from __future__ import annotations
@@ -29,18 +30,18 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from specdec.core.acceptance import DraftProposal
-from specdec.core.draft_source import model_draft_limit
 from specdec.core.errors import InvalidArgument
 from specdec.core.sampling import SamplingParams
 from specdec.core.session_store import SessionStore
 from specdec.core.settings import setting
 from specdec.draft_service import metrics
-from specdec.draft_service.ngram import NgramDrafter
-from specdec.draft_service.suffix import SuffixConfig, SuffixDrafter
+from specdec.draft_service.drafter import DraftRequest
+from specdec.draft_service.hybrid import HybridConfig
+from specdec.draft_service.registry import build_drafter
+from specdec.draft_service.suffix import SuffixConfig
 
 if TYPE_CHECKING:  # transformers takes seconds to import; an n-gram replica never needs it
-    from specdec.draft_service.hybrid import HybridConfig, HybridDrafter
-    from specdec.draft_service.model_drafter import ModelDrafter, ProposeItem
+    from specdec.draft_service.model_drafter import ModelDrafter
     from specdec.runtime.kv_pool import PagedSession
     from specdec.runtime.models import LoadedModel
 
@@ -96,7 +97,7 @@ class ProposeCall:
     sampling: SamplingParams
     timeout_s: float | None = None  # seconds left for the call; None: no deadline
     model_k: int | None = None  # most tokens the draft model may propose (model_draft_tokens); None: k
-    tree: bool = False  # the answer may be a token tree of up to k nodes (suffix drafting only)
+    tree: bool = False  # the answer may be a token tree of up to k nodes (drafters that draft trees)
 
 
 @dataclass
@@ -135,13 +136,13 @@ _ENDED_KEPT = 65536  # ended session ids remembered (about 100 bytes each)
 
 @dataclass
 class _Pending:
-    item: ProposeItem
-    deadline: float | None  # on the core's clock
+    item: DraftRequest  # its deadline on the core's clock
     future: asyncio.Future
 
 
 class DraftCore:
-    """Proposals for many sessions. `loaded` None means the n-gram drafter."""
+    """Proposals for many sessions from one drafter (registry.py): `loaded` None means a lookup
+    alone (n-gram, or suffix decoding with `suffix`)."""
 
     def __init__(
         self,
@@ -158,29 +159,8 @@ class DraftCore:
         )
         self.stats = DraftStats()
         _export_store(self.store)
-        self.ngram: NgramDrafter | None = None
-        self.model: ModelDrafter | None = None
-        self.hybrid: HybridDrafter | None = None
-        self.suffix = None if suffix is None else SuffixDrafter(suffix)
-        if loaded is None:
-            self.ngram = NgramDrafter()
-        else:
-            from specdec.draft_service.model_drafter import ModelDrafter
-            from specdec.runtime.kv_pool import BLOCK_SIZE, KVShape
-
-            # The pool holds what the store may keep (max_cached_tokens), plus each session's last
-            # part-filled block and a batch's drafts beyond it before the store trims to fit.
-            positions = config.max_cached_tokens + (config.max_sessions + config.max_batch) * BLOCK_SIZE
-            dtype = next(loaded.model.parameters()).dtype
-            kv_bytes = positions * KVShape.of(loaded.model.config).bytes_per_token(dtype)
-            model = self.model = ModelDrafter(
-                loaded, sessions=_CacheView(self.store), min_confidence=config.min_confidence, kv_cache_bytes=kv_bytes
-            )
-            self.store.on_remove = lambda session: session.cache is not None and model.release(session.cache)
-            if hybrid is not None:
-                from specdec.draft_service.hybrid import HybridDrafter
-
-                self.hybrid = HybridDrafter(self.model, hybrid, suffix=self.suffix)
+        self.model: ModelDrafter | None = None if loaded is None else _model_drafter(loaded, config, self.store)
+        self.drafter = build_drafter(self.model, self._draft, hybrid=hybrid, suffix=suffix)
         self.vocab_size = None if loaded is None else loaded.vocab_size
         self.max_context = None if loaded is None else loaded.max_context
         # Session ids ended lately -> when, at most _ENDED_KEPT of them and none older than the TTL:
@@ -207,43 +187,19 @@ class DraftCore:
         if not sampling.greedy and sampling.seed is None:
             sampling = replace(sampling, seed=secrets.randbits(63))  # unset on the wire: nondeterministic
         self._remember(call.session_id, context)
-        lookups = None if self.suffix is None else self.suffix.stats.lookups
-        if self.model is None and self.suffix is not None and call.tree:
-            tokens, parents = self.suffix.propose_tree(context, call.k)
-            proposal = DraftProposal(tokens, source="suffix", parents=parents)  # point masses: no q
-        elif self.model is None and self.suffix is not None:
-            proposal = DraftProposal(self.suffix.propose(context, call.k), source="suffix")  # point masses: no q
-        elif self.model is None:
-            proposal = DraftProposal(self.ngram.propose(context, call.k), source="ngram")  # point masses: no q
-        else:
-            # Never draft past the draft model's context; fewer tokens is a valid proposal.
-            k = min(call.k, self.max_context - len(context))
-            model_k = model_draft_limit(k, call.model_k)
-            # A hybrid's lookup rounds are answered inline: they need no model, so no queue.
-            looked_up = self.hybrid.choose(context, k) if self.hybrid is not None else None
-            if looked_up is not None:
-                proposal = looked_up
-            elif model_k > 0:
-                proposal = await self._draft(self._item(call.session_id, context, model_k, sampling), deadline)
-            else:
-                proposal = DraftProposal([], source="model")  # capped at 0 and no lookup: no draft this round
-        suffix = ""
-        if self.suffix is not None and self.suffix.stats.lookups != lookups:
-            suffix = self.suffix.last
-            metrics.SUFFIX_LOOKUPS.labels(suffix).inc()
-        source = proposal.source
-        metrics.DRAFT_ROUNDS.labels(source).inc()
+        # Never draft past the draft model's context; fewer tokens is a valid proposal.
+        k = call.k if self.max_context is None else min(call.k, self.max_context - len(context))
+        request = DraftRequest(call.session_id, context, k, sampling, call.model_k, call.tree, deadline)
+        drafted = await self.drafter.propose(request)
+        if drafted.found_in:
+            metrics.SUFFIX_LOOKUPS.labels(drafted.found_in).inc()
+        proposal = drafted.proposal
+        metrics.DRAFT_ROUNDS.labels(proposal.source).inc()
         self.stats.calls += 1
         metrics.DRAFT_TOKENS.inc(len(proposal.token_ids))
         self._gauges()
         session = self.store.get(call.session_id)
-        return ProposeResult(proposal, len(session.tokens) if session is not None else 0, suffix)
-
-    @staticmethod
-    def _item(session_id: str, context: list[int], k: int, sampling: SamplingParams) -> ProposeItem:
-        from specdec.draft_service.model_drafter import ProposeItem
-
-        return ProposeItem(session_id, context, k, sampling)
+        return ProposeResult(proposal, len(session.tokens) if session is not None else 0, drafted.found_in)
 
     def validate(self, call: ProposeCall) -> None:
         """InvalidArgument naming the first bad field (proto field paths)."""
@@ -269,14 +225,17 @@ class DraftCore:
             raise InvalidArgument(field, f"token id {bad[0]} is outside {where}")
 
     def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
-        """Free the session; a suffix drafter learns its completion (the request's output)."""
+        """Free the session; a drafter that learns observes its completion (the request's output)."""
         if not session_id:
             raise InvalidArgument("session_id", "is empty")
-        if self.suffix is not None and session_id not in self._ended:
-            self._check_token_ids("completion_token_ids", completion)
-            self.suffix.learn(completion)
-            metrics.SUFFIX_CACHE_TOKENS.set(self.suffix.cache.tokens)
-            metrics.SUFFIX_CACHE_BYTES.set(self.suffix.cache.nbytes())
+        if session_id not in self._ended:
+            if self.drafter.capabilities.learns:
+                self._check_token_ids("completion_token_ids", completion)
+            learned = self.drafter.observe(session_id, completion)
+            if learned is not None:
+                metrics.SUFFIX_CACHE_TOKENS.set(learned.tokens)
+                metrics.SUFFIX_CACHE_BYTES.set(learned.nbytes)
+        self.drafter.end(session_id)
         self.store.pop(session_id, None)
         now = self.clock()
         self._ended[session_id] = now
@@ -318,7 +277,8 @@ class DraftCore:
         session.tokens = context  # the drafter's cache keeps its own tokens and finds the common prefix itself
         self.store[session_id] = session  # recounted, most recently used, others evicted to fit
 
-    async def _draft(self, item: ProposeItem, deadline: float | None) -> DraftProposal:
+    async def _draft(self, item: DraftRequest) -> DraftProposal:
+        """The model drafters' step (`ModelStep`): the call waits in the queue for a batch."""
         if len(self._queue) >= self.config.max_queue:
             self._queue = deque(p for p in self._queue if not p.future.done())  # callers that left hold no place
         if len(self._queue) >= self.config.max_queue:
@@ -329,7 +289,7 @@ class DraftCore:
             self._wakeup = asyncio.Event()
             self._worker = asyncio.get_running_loop().create_task(self._work())
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(item, deadline, future))
+        self._queue.append(_Pending(item, future))
         metrics.QUEUE_DEPTH.set(len(self._queue))
         self._wakeup.set()
         return await future  # a cancelled caller cancels the future; the worker then skips it
@@ -351,7 +311,7 @@ class DraftCore:
         for pending in self._queue:
             if pending.future.done():
                 continue  # its caller went away (cancelled, or its deadline fired)
-            if pending.deadline is not None and pending.deadline <= now:
+            if pending.item.deadline is not None and pending.item.deadline <= now:
                 self.stats.expired += 1
                 pending.future.set_exception(DeadlineExpired("deadline passed while queued"))
             elif len(batch) < self.config.max_batch and pending.item.session_id not in sessions:
@@ -387,6 +347,23 @@ class DraftCore:
             self.model.release(session.cache)
             session.cache = None
             self.store.resize(session_id)
+
+
+def _model_drafter(loaded: LoadedModel, config: DraftConfig, store: SessionStore[DraftSession]) -> ModelDrafter:
+    """The draft model over the store's sessions: the store's bound covers its KV too."""
+    from specdec.draft_service.model_drafter import ModelDrafter
+    from specdec.runtime.kv_pool import BLOCK_SIZE, KVShape
+
+    # The pool holds what the store may keep (max_cached_tokens), plus each session's last
+    # part-filled block and a batch's drafts beyond it before the store trims to fit.
+    positions = config.max_cached_tokens + (config.max_sessions + config.max_batch) * BLOCK_SIZE
+    dtype = next(loaded.model.parameters()).dtype
+    kv_bytes = positions * KVShape.of(loaded.model.config).bytes_per_token(dtype)
+    model = ModelDrafter(
+        loaded, sessions=_CacheView(store), min_confidence=config.min_confidence, kv_cache_bytes=kv_bytes
+    )
+    store.on_remove = lambda session: session.cache is not None and model.release(session.cache)
+    return model
 
 
 def _export_store(store: SessionStore) -> None:

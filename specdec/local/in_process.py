@@ -1,4 +1,4 @@
-"""In-process adapters: the Proposer and Verifier interfaces over the pure drafters and verifier.
+"""In-process adapters: the Proposer and Verifier interfaces over a drafter and the pure verifier.
 
 Tests and `specdec generate --in-process` run the engine through these; the remote clients
 implement the same two interfaces, so production runs the code the equality tests run. Model
@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 from specdec.coordinator.engine import EngineConfig, SpeculativeEngine
 from specdec.core.acceptance import DraftProposal, Verification
-from specdec.core.draft_source import model_draft_limit
 from specdec.core.sampling import SamplingParams
-from specdec.draft_service.hybrid import HybridDrafter, parse_spec
+from specdec.draft_service.drafter import Drafter, DraftRequest
+from specdec.draft_service.hybrid import HybridConfig
 from specdec.draft_service.model_drafter import ModelDrafter
-from specdec.draft_service.ngram import NgramDrafter
-from specdec.draft_service.suffix import SuffixDrafter
+from specdec.draft_service.registry import build_drafter, draft_model
+from specdec.draft_service.suffix import SuffixConfig
 from specdec.drafts import loading as draft_loading
 from specdec.runtime.loading import load_model
 from specdec.runtime.models import LoadedModel
@@ -38,9 +38,11 @@ class _Serialized:
         return await asyncio.to_thread(locked)
 
 
-class LocalModelProposer(_Serialized):
-    def __init__(self, drafter: ModelDrafter | HybridDrafter):
-        super().__init__()
+class LocalProposer:
+    """The Proposer interface over one drafter (the `Drafter` contract, draft_service/drafter.py):
+    lookups answer inline, a draft model's rounds run in a worker thread, one at a time."""
+
+    def __init__(self, drafter: Drafter):
         self.drafter = drafter
 
     async def propose(
@@ -51,49 +53,14 @@ class LocalModelProposer(_Serialized):
         sampling: SamplingParams,
         model_k: int | None = None,
         affinity: str = "",  # one process, one replica: nothing to place
-        tree: bool = False,  # a model (or a hybrid) drafts chains
-    ) -> DraftProposal:
-        if isinstance(self.drafter, HybridDrafter):
-            return await self._call(self.drafter.propose, session_id, tokens, k, sampling, model_k)
-        k = model_draft_limit(k, model_k)
-        return (
-            await self._call(self.drafter.propose, session_id, tokens, k, sampling)
-            if k > 0
-            else DraftProposal([], source="model")
-        )
-
-    async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
-        if isinstance(self.drafter, HybridDrafter):
-            await self._call(self.drafter.end_session, session_id, completion)
-        else:
-            await self._call(self.drafter.end_session, session_id)
-
-
-class LocalNgramProposer:
-    """No model: runs inline, it costs microseconds (a suffix drafter learns each completion)."""
-
-    def __init__(self, drafter: NgramDrafter | SuffixDrafter | None = None):
-        self.drafter = drafter or NgramDrafter()
-        self.source = "suffix" if isinstance(self.drafter, SuffixDrafter) else "ngram"
-
-    async def propose(
-        self,
-        session_id: str,
-        tokens: Sequence[int],
-        k: int,
-        sampling: SamplingParams,
-        model_k: int | None = None,  # no model: lookups only
-        affinity: str = "",  # one process, one replica: nothing to place
         tree: bool = False,
     ) -> DraftProposal:
-        if tree and isinstance(self.drafter, SuffixDrafter):
-            ids, parents = self.drafter.propose_tree(tokens, k)
-            return DraftProposal(ids, source=self.source, parents=parents)
-        return DraftProposal(self.drafter.propose(tokens, k), source=self.source)
+        drafted = await self.drafter.propose(DraftRequest(session_id, tokens, k, sampling, model_k, tree))
+        return drafted.proposal
 
     async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
-        if isinstance(self.drafter, SuffixDrafter):
-            self.drafter.learn(completion)
+        self.drafter.observe(session_id, completion)
+        self.drafter.end(session_id)
 
 
 class LocalVerifier(_Serialized):
@@ -125,23 +92,18 @@ def build_engine(
     suffix decoding instead of n-gram lookup (draft_service/suffix.py), alone or in the hybrid;
     `min_confidence` as the draft service's (None: the draft's own); `compile_mode` as the
     target tier's `--compile`."""
-    lookup = SuffixDrafter() if suffix else None
-    if draft is None:
-        proposer = LocalNgramProposer(lookup)
-    else:
-        drafter = ModelDrafter(draft, min_confidence=min_confidence)
-        proposer = LocalModelProposer(HybridDrafter(drafter, suffix=lookup) if hybrid else drafter)
+    model = None if draft is None else ModelDrafter(draft, min_confidence=min_confidence)
+    drafter = build_drafter(model, hybrid=HybridConfig() if hybrid else None, suffix=SuffixConfig() if suffix else None)
     verifier = TargetVerifier(target, compile_mode=compile_mode)
-    engine = SpeculativeEngine(proposer, LocalVerifier(verifier), target, config)
+    engine = SpeculativeEngine(LocalProposer(drafter), LocalVerifier(verifier), target, config)
     engine.costs.seed_passes(verifier.profile_passes())
     return engine
 
 
-def load_pair(target_model: str | None, draft_model: str | None) -> tuple[LoadedModel, LoadedModel | None]:
+def load_pair(target_model: str | None, spec: str | None) -> tuple[LoadedModel, LoadedModel | None]:
     """Load the models the flags name: target None is the embedded default, draft "ngram" (or
     None) is the model-free drafter, "hybrid:SPEC" loads SPEC (pass hybrid=True to build_engine).
     The target loads through the runtime loader alone; only the draft knows the draft formats."""
     target = load_model(target_model)
-    if draft_model in (None, "ngram", "suffix"):
-        return target, None
-    return target, draft_loading.load_model(parse_spec(draft_model) or draft_model)
+    name = draft_model(spec)
+    return target, None if name is None else draft_loading.load_model(name)

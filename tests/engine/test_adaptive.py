@@ -24,7 +24,8 @@ from specdec.coordinator.adaptive import (
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.core.acceptance import DraftProposal, PassCost
 from specdec.draft_service.model_drafter import ModelDrafter
-from specdec.local.in_process import LocalModelProposer, LocalVerifier
+from specdec.draft_service.registry import ModelDrafting
+from specdec.local.in_process import LocalProposer, LocalVerifier
 from specdec.target_service.verifier import TargetVerifier
 
 PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17]
@@ -176,10 +177,10 @@ class WrongDrafter:
     """Always proposes tokens the target will not pick (its own argmax shifted by one id)."""
 
     def __init__(self, drafter: ModelDrafter):
-        self.inner = LocalModelProposer(drafter)
+        self.inner = LocalProposer(ModelDrafting(drafter))
 
-    async def propose(self, session_id, tokens, k, sampling):
-        proposal = await self.inner.propose(session_id, tokens, k, sampling)
+    async def propose(self, session_id, tokens, k, sampling, model_k=None, affinity="", tree=False):
+        proposal = await self.inner.propose(session_id, tokens, k, sampling, model_k, affinity, tree)
         return DraftProposal([(t + 1) % 50 for t in proposal.token_ids])
 
     async def end_session(self, session_id, completion=()):
@@ -192,11 +193,11 @@ class TwoSourceDrafter:
 
     def __init__(self, target, clock: FakeClock):
         self.clock = clock
-        self.right = LocalModelProposer(ModelDrafter(target))
+        self.right = LocalProposer(ModelDrafting(ModelDrafter(target)))
         self.lookup_ks: list[int] = []
         self.model_ks: list[int] = []  # what the model was allowed to draft, per model round
 
-    async def propose(self, session_id, tokens, k, sampling, model_k=None):
+    async def propose(self, session_id, tokens, k, sampling, model_k=None, affinity="", tree=False):
         if len(tokens) % 2 == 0:
             self.lookup_ks.append(k)
             return DraftProposal((await self.right.propose(session_id, tokens, k, sampling)).token_ids, source="ngram")
@@ -267,7 +268,7 @@ class DecliningDrafter:
         self.calls = 0
         self.clock: FakeClock | None = None
 
-    async def propose(self, session_id, tokens, k, sampling):
+    async def propose(self, session_id, tokens, k, sampling, model_k=None, affinity="", tree=False):
         self.calls += 1
         self.clock.advance(0.005)
         return DraftProposal([], source="model")
@@ -292,7 +293,9 @@ def test_a_model_that_declines_its_drafts_stops_being_asked(tiny):
 
 def test_adaptive_engine_keeps_long_drafts_when_they_are_accepted(tiny):
     # On the fake clock a pass costs 30 ms plus 3 ms a position and the self-draft nothing.
-    result, verifier = _adaptive_run(tiny, lambda target, clock: LocalModelProposer(ModelDrafter(target)), base_s=0.03)
+    result, verifier = _adaptive_run(
+        tiny, lambda target, clock: LocalProposer(ModelDrafting(ModelDrafter(target))), base_s=0.03
+    )
     assert result.stats.acceptance_rate == 1.0
     # The self-draft is always right: drafts stay long, so 40 tokens take a handful of rounds, not 40.
     drafted = [n - 1 for n in verifier.positions[1:-1]]
@@ -326,7 +329,9 @@ def test_a_stalled_pass_does_not_keep_k_below_its_best(tiny):
         TargetVerifier(target), clock=clock, positions=9, stall_s=0.5, per_position_s=0.01, base_s=0.03
     )
     config = EngineConfig(max_draft_tokens=8, pipeline=False, probe_every=4)
-    engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, config, clock=clock)
+    engine = SpeculativeEngine(
+        LocalProposer(ModelDrafting(ModelDrafter(target))), verifier, target, config, clock=clock
+    )
     result = asyncio.run(
         engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=240, max_draft_tokens=8))
     )
@@ -344,7 +349,9 @@ def _loaded_engine(tiny, **load_config) -> tuple[SpeculativeEngine, CountingVeri
     clock = FakeClock()
     verifier = CountingVerifier(TargetVerifier(target), clock, per_position_s=0.0, base_s=0.03)
     config = EngineConfig(max_draft_tokens=8, pipeline=False, **load_config)
-    engine = SpeculativeEngine(LocalModelProposer(ModelDrafter(target)), verifier, target, config, clock=clock)
+    engine = SpeculativeEngine(
+        LocalProposer(ModelDrafting(ModelDrafter(target))), verifier, target, config, clock=clock
+    )
     return engine, verifier, GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=24, max_draft_tokens=4)
 
 
@@ -385,15 +392,15 @@ class SlowFirstCall:
 
     def __init__(self, drafter: ModelDrafter, clock: FakeClock, first_s: float):
         self.clock = clock
-        self.inner = LocalModelProposer(drafter)
+        self.inner = LocalProposer(ModelDrafting(drafter))
         self.first_s = first_s
         self.calls = 0
 
-    async def propose(self, session_id, tokens, k, sampling):
+    async def propose(self, session_id, tokens, k, sampling, model_k=None, affinity="", tree=False):
         self.calls += 1
         if self.calls == 1:
             self.clock.advance(self.first_s)
-        return await self.inner.propose(session_id, tokens, k, sampling)
+        return await self.inner.propose(session_id, tokens, k, sampling, model_k, affinity, tree)
 
     async def end_session(self, session_id, completion=()):
         await self.inner.end_session(session_id)

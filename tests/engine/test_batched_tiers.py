@@ -7,7 +7,8 @@ import torch
 
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
-from specdec.draft_service.model_drafter import ModelDrafter, ProposeItem
+from specdec.draft_service.drafter import DraftRequest
+from specdec.draft_service.model_drafter import ModelDrafter
 from specdec.target_service.verifier import TargetVerifier, VerifyItem
 
 GREEDY = SamplingParams()
@@ -49,7 +50,7 @@ def test_batched_drafting_equals_one_at_a_time(tiny, kind):
     batched, alone = ModelDrafter(draft), ModelDrafter(draft)
     for round_ in range(2):
         items = [
-            ProposeItem(f"s{i}", _context(i, 2 + 5 * i + round_), 1 + i % 5, GREEDY if i % 2 else SAMPLED)
+            DraftRequest(f"s{i}", _context(i, 2 + 5 * i + round_), 1 + i % 5, GREEDY if i % 2 else SAMPLED)
             for i in range(8)
         ]
         together = batched.propose_batch(items)

@@ -16,8 +16,10 @@ from tiny import (
 from specdec.coordinator.engine import EngineConfig, FinishReason, GenerationRequest, SpeculativeEngine
 from specdec.core.errors import InvalidArgument
 from specdec.core.sampling import SamplingParams
+from specdec.draft_service.drafter import Drafted, DraftRequest
 from specdec.draft_service.model_drafter import ModelDrafter
-from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
+from specdec.draft_service.registry import ModelDrafting, NgramDrafting
+from specdec.local.in_process import LocalProposer, LocalVerifier
 from specdec.target_service.verifier import TargetVerifier
 
 # Repeats give the n-gram drafter something to match; random ids elsewhere keep it honest.
@@ -31,9 +33,9 @@ TARGET_SEED, DRAFT_SEED = 1, 2
 def _engine(tiny, kind: str, drafter: str, target=None) -> SpeculativeEngine:
     target = target or tiny(kind, TARGET_SEED)
     if drafter == "ngram":
-        proposer = LocalNgramProposer()
+        proposer = LocalProposer(NgramDrafting())
     else:
-        proposer = LocalModelProposer(ModelDrafter(target if drafter == "self" else tiny(kind, DRAFT_SEED)))
+        proposer = LocalProposer(ModelDrafting(ModelDrafter(target if drafter == "self" else tiny(kind, DRAFT_SEED))))
     return SpeculativeEngine(
         proposer, LocalVerifier(TargetVerifier(target)), target, EngineConfig(max_draft_tokens=8, adaptive=False)
     )
@@ -192,13 +194,13 @@ def test_stats_split_the_time_between_draft_verify_and_coordinator(tiny):
     least 20 ms of draft wait per speculative round, and the parts never exceed the whole."""
     target = tiny("llama", TARGET_SEED)
 
-    class SlowNgram(LocalNgramProposer):
-        async def propose(self, *args):
+    class SlowNgram(NgramDrafting):
+        async def propose(self, request: DraftRequest) -> Drafted:
             await asyncio.sleep(0.02)
-            return await super().propose(*args)
+            return await super().propose(request)
 
     config = EngineConfig(max_draft_tokens=8, pipeline=False, adaptive=False)
-    engine = SpeculativeEngine(SlowNgram(), LocalVerifier(TargetVerifier(target)), target, config)
+    engine = SpeculativeEngine(LocalProposer(SlowNgram()), LocalVerifier(TargetVerifier(target)), target, config)
     stats = _generate(engine, prompt_token_ids=PROMPT, max_new_tokens=NEW_TOKENS).stats
     speculative_rounds = stats.rounds - stats.non_speculative_rounds
     assert speculative_rounds > 0
@@ -210,14 +212,13 @@ def test_stats_split_the_time_between_draft_verify_and_coordinator(tiny):
 def test_drafts_outside_the_vocabulary_are_dropped_not_sent_to_the_target(tiny, references):
     target = tiny("llama", TARGET_SEED)
 
-    class OtherVocabulary(LocalNgramProposer):
-        async def propose(self, session_id, tokens, k, sampling):
-            return dataclasses.replace(
-                await super().propose(session_id, tokens, k, sampling), token_ids=[target.vocab_size + 5] * k
-            )
+    class OtherVocabulary(NgramDrafting):
+        async def propose(self, request: DraftRequest) -> Drafted:
+            drafted = await super().propose(request)
+            return Drafted(dataclasses.replace(drafted.proposal, token_ids=[target.vocab_size + 5] * request.k))
 
     engine = SpeculativeEngine(
-        OtherVocabulary(),
+        LocalProposer(OtherVocabulary()),
         LocalVerifier(TargetVerifier(target)),
         target,
         EngineConfig(max_draft_tokens=8, adaptive=False),

@@ -13,12 +13,14 @@ from tiny import EOS_ID, TOKENIZER_SIZE
 
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.core.sampling import SamplingParams
+from specdec.draft_service.drafter import DraftRequest
 from specdec.draft_service.hybrid import HybridConfig, HybridDrafter, parse_spec
-from specdec.draft_service.model_drafter import ModelDrafter, ProposeItem
+from specdec.draft_service.model_drafter import ModelDrafter
+from specdec.draft_service.registry import HybridDrafting, ModelDrafting
 from specdec.draft_service.server import ServerConfig, load_core
 from specdec.draft_service.service import DraftCore, ProposeCall
 from specdec.drafts.pruned_draft import build_pruned_draft
-from specdec.local.in_process import LocalModelProposer, LocalVerifier
+from specdec.local.in_process import LocalProposer, LocalVerifier
 from specdec.target_service.verifier import TargetVerifier
 
 # Ends on 5 17 42, which occurred twice before: the first round is a lookup.
@@ -73,9 +75,9 @@ def test_a_model_that_declines_leaves_the_round_without_a_draft(draft):
 def test_each_round_is_a_lookup_or_a_model_draft(draft):
     hybrid = HybridDrafter(ModelDrafter(draft))
     items = [
-        ProposeItem("a", REPEATS, 3, SAMPLED),
-        ProposeItem("b", NO_MATCH, 3, SAMPLED),
-        ProposeItem("c", NO_REPEAT, 3, SAMPLED),
+        DraftRequest("a", REPEATS, 3, SAMPLED),
+        DraftRequest("b", NO_MATCH, 3, SAMPLED),
+        DraftRequest("c", NO_REPEAT, 3, SAMPLED),
     ]
     looked_up, modelled, short = hybrid.propose_batch(items)
     assert looked_up.token_ids == [4, 9, 1] and looked_up.draft_probs is None  # a point mass: no q
@@ -89,7 +91,9 @@ def test_each_round_is_a_lookup_or_a_model_draft(draft):
 def test_hybrid_through_the_engine(target, draft, sampling):
     hybrid = HybridDrafter(ModelDrafter(draft))
     config = EngineConfig(max_draft_tokens=8, adaptive=False)
-    engine = SpeculativeEngine(LocalModelProposer(hybrid), LocalVerifier(TargetVerifier(target)), target, config)
+    engine = SpeculativeEngine(
+        LocalProposer(HybridDrafting(hybrid)), LocalVerifier(TargetVerifier(target)), target, config
+    )
     runs = [
         asyncio.run(
             engine.generate(
@@ -136,7 +140,8 @@ def test_draft_core_answers_lookups_inline_and_queues_the_rest(draft):
     assert third.proposal.draft_probs is not None and core.stats.batches == 1
     # Counted where operators see it (Prometheus) and on the drafter, one round of each kind.
     assert tuple(_rounds(s) - b for s, b in zip(("ngram", "ngram_short", "model"), before)) == (1, 1, 1)
-    assert (core.hybrid.ngram_rounds, core.hybrid.short_rounds, core.hybrid.model_rounds) == (1, 1, 1)
+    hybrid = core.drafter.hybrid
+    assert (hybrid.ngram_rounds, hybrid.short_rounds, hybrid.model_rounds) == (1, 1, 1)
 
 
 def test_a_model_capped_at_zero_is_never_run_and_lookups_keep_their_k(draft):
@@ -168,8 +173,8 @@ def test_a_model_capped_at_zero_is_never_run_and_lookups_keep_their_k(draft):
 
 def test_the_server_reads_hybrid_specs(tiny_dir):
     spec = tiny_dir("gemma3", 2)
-    assert load_core(ServerConfig(draft_model=f"hybrid:{spec}")).hybrid is not None
-    assert load_core(ServerConfig(draft_model=spec)).hybrid is None
+    assert type(load_core(ServerConfig(draft_model=f"hybrid:{spec}")).drafter) is HybridDrafting
+    assert type(load_core(ServerConfig(draft_model=spec)).drafter) is ModelDrafting
 
 
 def test_the_in_process_engine_builds_a_hybrid(target, draft):
@@ -177,9 +182,9 @@ def test_the_in_process_engine_builds_a_hybrid(target, draft):
 
     # A fixed k: the first round drafts, where the prompt's own repeat (5 17 42) is the lookup's.
     engine = build_engine(target, draft, EngineConfig(max_draft_tokens=4, adaptive=False), hybrid=True)
-    assert isinstance(engine.proposer.drafter, HybridDrafter)
+    assert type(engine.proposer.drafter) is HybridDrafting
     result = asyncio.run(
         engine.generate(GenerationRequest(prompt_token_ids=PROMPT, max_new_tokens=16, max_draft_tokens=4))
     )
     assert result.token_ids == target_only(target.model, PROMPT, 16, target.eos_token_ids)
-    assert engine.proposer.drafter.ngram_rounds > 0
+    assert engine.proposer.drafter.hybrid.ngram_rounds > 0

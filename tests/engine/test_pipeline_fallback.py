@@ -11,9 +11,10 @@ from specdec.coordinator.clients import DraftClient, DraftClientConfig
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.model_drafter import ModelDrafter
+from specdec.draft_service.registry import ModelDrafting, NgramDrafting
 from specdec.draft_service.server import DraftServer
 from specdec.draft_service.service import DraftCore
-from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
+from specdec.local.in_process import LocalProposer, LocalVerifier
 from specdec.target_service.verifier import TargetVerifier
 
 PROMPT = [5, 17, 42, 99, 7, 5, 17, 42, 120, 33, 64, 5, 17]
@@ -23,9 +24,9 @@ SEEDED = SamplingParams(temperature=0.9, top_k=40, seed=3)
 def _engine(tiny, drafter: str, **config) -> SpeculativeEngine:
     target = tiny("llama", 1)
     proposer = {
-        "ngram": lambda: LocalNgramProposer(),
-        "self": lambda: LocalModelProposer(ModelDrafter(target)),
-        "model": lambda: LocalModelProposer(ModelDrafter(tiny("llama", 2))),
+        "ngram": lambda: LocalProposer(NgramDrafting()),
+        "self": lambda: LocalProposer(ModelDrafting(ModelDrafter(target))),
+        "model": lambda: LocalProposer(ModelDrafting(ModelDrafter(tiny("llama", 2)))),
     }[drafter]()
     return SpeculativeEngine(
         proposer, LocalVerifier(TargetVerifier(target)), target, EngineConfig(adaptive=False, **config)
@@ -51,13 +52,13 @@ class _Flaky:
     def __init__(self, inner, fail: set[int], stall: set[int], stall_s: float):
         self.inner, self.fail, self.stall, self.stall_s, self.calls = inner, fail, stall, stall_s, 0
 
-    async def propose(self, session_id, tokens, k, sampling):
+    async def propose(self, session_id, tokens, k, sampling, model_k=None, affinity="", tree=False):
         self.calls += 1
         if self.calls in self.fail:
             raise ConnectionError("injected draft failure")
         if self.calls in self.stall:
             await asyncio.sleep(self.stall_s)
-        return await self.inner.propose(session_id, tokens, k, sampling)
+        return await self.inner.propose(session_id, tokens, k, sampling, model_k, affinity, tree)
 
     async def end_session(self, session_id, completion=()):
         await self.inner.end_session(session_id)
@@ -67,7 +68,7 @@ class _Flaky:
 def test_failing_and_slow_drafts_fall_back_without_changing_tokens(tiny, sampling):
     target = tiny("llama", 1)
     expected = target_only(target.model, PROMPT, 30, target.eos_token_ids, sampling)
-    flaky = _Flaky(LocalNgramProposer(), fail={2, 3}, stall={5}, stall_s=5.0)
+    flaky = _Flaky(LocalProposer(NgramDrafting()), fail={2, 3}, stall={5}, stall_s=5.0)
     engine = SpeculativeEngine(
         flaky,
         LocalVerifier(TargetVerifier(target)),
@@ -132,7 +133,7 @@ class HybridLike:
     def __init__(self):
         self.calls: list[tuple[int, int | None]] = []  # (k, model_k) of every call
 
-    async def propose(self, session_id, tokens, k, sampling, model_k=None):
+    async def propose(self, session_id, tokens, k, sampling, model_k=None, affinity="", tree=False):
         from specdec.core.acceptance import DraftProposal
 
         self.calls.append((k, model_k))

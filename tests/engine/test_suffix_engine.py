@@ -15,11 +15,13 @@ from tiny import EOS_ID, TOKENIZER_SIZE
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.core import tree
 from specdec.core.sampling import SamplingParams
+from specdec.draft_service.drafter import Drafted, DraftRequest
 from specdec.draft_service.hybrid import HybridDrafter, parse_spec, uses_suffix
 from specdec.draft_service.model_drafter import ModelDrafter
+from specdec.draft_service.registry import HybridDrafting, SuffixDrafting
 from specdec.draft_service.suffix import SuffixDrafter
 from specdec.drafts.pruned_draft import build_pruned_draft
-from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
+from specdec.local.in_process import LocalProposer, LocalVerifier
 from specdec.target_service.verifier import TargetVerifier
 
 # Similar requests: one template, a different "argument" each (the first token and one in the middle).
@@ -49,7 +51,9 @@ def _serve_in_order(engine: SpeculativeEngine, sampling: SamplingParams) -> list
 def test_similar_requests_draft_from_earlier_completions_and_outputs_stay_the_targets(tiny, kind, sampling):
     target = tiny(kind, 1)
     suffix = SuffixDrafter()
-    engine = SpeculativeEngine(LocalNgramProposer(suffix), LocalVerifier(TargetVerifier(target)), target, CONFIG)
+    engine = SpeculativeEngine(
+        LocalProposer(SuffixDrafting(suffix)), LocalVerifier(TargetVerifier(target)), target, CONFIG
+    )
     results = _serve_in_order(engine, sampling)
     for prompt, result in zip(REQUESTS, results):
         expected = target_only(target.model, prompt, NEW_TOKENS, target.eos_token_ids, sampling)
@@ -65,7 +69,9 @@ def test_a_suffix_hybrid_drafts_lookups_first_and_the_model_elsewhere(tiny):
     ids = sorted(set(range(0, TOKENIZER_SIZE, 2)) | {EOS_ID})
     draft = dataclasses.replace(target, model=build_pruned_draft(target.model, 1, ids), name="pruned")
     hybrid = HybridDrafter(ModelDrafter(draft), suffix=SuffixDrafter())
-    engine = SpeculativeEngine(LocalModelProposer(hybrid), LocalVerifier(TargetVerifier(target)), target, CONFIG)
+    engine = SpeculativeEngine(
+        LocalProposer(HybridDrafting(hybrid)), LocalVerifier(TargetVerifier(target)), target, CONFIG
+    )
     results = _serve_in_order(engine, SamplingParams())
     for prompt, result in zip(REQUESTS, results):
         assert result.token_ids == target_only(target.model, prompt, NEW_TOKENS, target.eos_token_ids)
@@ -79,16 +85,17 @@ def test_specs_name_the_suffix_drafters():
     assert parse_spec("suffix:distilled") == "distilled" and parse_spec("suffix") is None
 
 
-class _CountingTrees(LocalNgramProposer):
+class _CountingTrees(SuffixDrafting):
     """The suffix drafter, counting the proposals that branch (trees that are not chains)."""
 
     branching = 0
 
-    async def propose(self, *args, **kwargs):
-        proposal = await super().propose(*args, **kwargs)
-        if proposal.parents is not None and not tree.is_chain(proposal.parents):
+    async def propose(self, request: DraftRequest) -> Drafted:
+        drafted = await super().propose(request)
+        parents = drafted.proposal.parents
+        if parents is not None and not tree.is_chain(parents):
             self.branching += 1
-        return proposal
+        return drafted
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
@@ -97,11 +104,11 @@ def test_token_trees_from_the_suffix_cache_keep_every_output_the_targets(tiny, s
     on, the drafter proposes trees, the target verifies them in one pass, and every output is
     still target-only decoding's (seeded sampling included)."""
     target = tiny("gemma3", 1)
-    proposer = _CountingTrees(SuffixDrafter())
+    drafter = _CountingTrees(SuffixDrafter())
     config = dataclasses.replace(CONFIG, token_tree=True)
-    engine = SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
+    engine = SpeculativeEngine(LocalProposer(drafter), LocalVerifier(TargetVerifier(target)), target, config)
     results = _serve_in_order(engine, sampling)
     for prompt, result in zip(REQUESTS, results):
         assert result.token_ids == target_only(target.model, prompt, NEW_TOKENS, target.eos_token_ids, sampling)
-    assert proposer.branching > 0
+    assert drafter.branching > 0
     assert sum(r.stats.accepted_tokens for r in results) > 0

@@ -30,10 +30,11 @@ from specdec.coordinator.engine import EngineConfig, GenerationRequest, Speculat
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.__main__ import parse_config
 from specdec.draft_service.model_drafter import ModelDrafter
+from specdec.draft_service.registry import ModelDrafting, NgramDrafting
 from specdec.draft_service.server import DraftServer
 from specdec.draft_service.service import DeadlineExpired, DraftConfig, DraftCore, ProposeCall
 from specdec.draft_service.suffix import SuffixConfig
-from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
+from specdec.local.in_process import LocalProposer, LocalVerifier
 from specdec.target_service.verifier import TargetVerifier
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -56,7 +57,11 @@ def _request(
 
 def _local(tiny, kind: str, drafter: str, request: GenerationRequest):
     target = tiny(kind, TARGET_SEED)
-    proposer = LocalNgramProposer() if drafter == "ngram" else LocalModelProposer(ModelDrafter(tiny(kind, DRAFT_SEED)))
+    proposer = (
+        LocalProposer(NgramDrafting())
+        if drafter == "ngram"
+        else LocalProposer(ModelDrafting(ModelDrafter(tiny(kind, DRAFT_SEED))))
+    )
     return asyncio.run(_engine(proposer, target).generate(request))
 
 
@@ -107,7 +112,7 @@ def test_a_suffix_replica_learns_completions_from_end_session_and_drafts_them_fo
     results, core = run(check())
     for prompt, result in zip(similar, results):
         assert result.token_ids == _local_tokens(tiny, prompt)
-    assert core.suffix.stats.learned == len(similar) and core.suffix.stats.from_cache > 0
+    assert core.drafter.suffix.stats.learned == len(similar) and core.drafter.suffix.stats.from_cache > 0
     assert len(core.store) == 0
 
 
@@ -121,14 +126,14 @@ def test_requests_that_never_drafted_still_teach_the_suffix_replica(tiny):
             engine = _engine(client, target)
             off = replace(_request(), speculate=False)
             plain = await engine.generate(off)
-            learned = server.core.suffix.stats.learned
+            learned = server.core.drafter.suffix.stats.learned
             again = await engine.generate(_request())
             return plain, learned, again, server.core
 
     plain, learned, again, core = run(check())
     assert plain.stats.draft_tokens == 0 and learned == 1  # taught without a single Propose
     assert again.token_ids == plain.token_ids and again.stats.accepted_tokens > 0
-    assert core.suffix.stats.from_cache > 0  # the second request drafted from the first's completion
+    assert core.drafter.suffix.stats.from_cache > 0  # the second request drafted from the first's completion
 
 
 def test_a_suffix_replica_answers_a_tree_over_grpc_and_the_engine_verifies_it(tiny):
@@ -488,7 +493,7 @@ def test_greedy_drafts_stop_before_the_first_token_the_draft_is_unsure_of(tiny):
     expected = target_only(target.model, PROMPT, NEW_TOKENS, target.eos_token_ids)
     for threshold in (0.3, 0.9):
         engine = SpeculativeEngine(
-            LocalModelProposer(ModelDrafter(draft, min_confidence=threshold)),
+            LocalProposer(ModelDrafting(ModelDrafter(draft, min_confidence=threshold))),
             LocalVerifier(TargetVerifier(target)),
             target,
             EngineConfig(adaptive=False),

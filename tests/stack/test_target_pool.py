@@ -15,7 +15,8 @@ from specdec.coordinator.engine import EngineConfig, GenerationRequest, Speculat
 from specdec.core.acceptance import DraftProposal
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.model_drafter import ModelDrafter
-from specdec.local.in_process import LocalModelProposer, LocalNgramProposer, LocalVerifier
+from specdec.draft_service.registry import ModelDrafting, NgramDrafting
+from specdec.local.in_process import LocalProposer, LocalVerifier
 from specdec.target_service.actor import ActorConfig
 from specdec.target_service.pool import (
     PoolConfig,
@@ -57,7 +58,11 @@ def pool_factory(ray_local, tiny_dir):
 
 def _engines(tiny, pool, drafter: str):
     target = tiny("llama", 1)
-    proposer = LocalNgramProposer() if drafter == "ngram" else LocalModelProposer(ModelDrafter(tiny("llama", 2)))
+    proposer = (
+        LocalProposer(NgramDrafting())
+        if drafter == "ngram"
+        else LocalProposer(ModelDrafting(ModelDrafter(tiny("llama", 2))))
+    )
     config = EngineConfig(max_draft_tokens=8, adaptive=False)
     remote = SpeculativeEngine(proposer, pool, target, config)
     local = SpeculativeEngine(proposer, LocalVerifier(TargetVerifier(target)), target, config)
@@ -136,7 +141,7 @@ def test_pool_gives_in_process_outputs(tiny, pool_factory, drafter):
 def test_two_actors_spread_sessions_and_keep_them(tiny, pool_factory):
     pool = pool_factory(replicas=2)
     target = tiny("llama", 1)
-    engine = SpeculativeEngine(LocalNgramProposer(), pool, target)
+    engine = SpeculativeEngine(LocalProposer(NgramDrafting()), pool, target)
     seen: dict[str, set[str]] = {}
     original = pool._placement
 
