@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypedDict
+from typing import NamedTuple, Protocol
 
 from specdec.core.acceptance import DraftProposal
 from specdec.core.draft_source import is_lookup, model_draft_limit
@@ -56,21 +56,11 @@ class Proposer(Protocol):
         - `tree`: the answer may be a token tree of up to k nodes (parents before children); a
           proposer that drafts chains ignores it. The engine sets it only with `token_tree` on.
 
-        `DraftSide` passes each of the three only when it differs from its default
-        (`ProposeOptions`), so a proposer that needs none of them (a test's fake) may take the
-        first four alone."""
+        Every implementation, test fakes included, takes all seven: `DraftSide` passes them all."""
 
     async def end_session(self, session_id: str, completion: Sequence[int] = ()) -> None:
         """Free what the proposer holds for the session; unknown ids are fine. `completion` is the
         request's output (prompt excluded), which a suffix drafter learns from."""
-
-
-class ProposeOptions(TypedDict, total=False):
-    """The keyword arguments of one `Proposer.propose` call that differ from their defaults."""
-
-    model_k: int
-    affinity: str
-    tree: bool
 
 
 class Drafts(NamedTuple):
@@ -165,10 +155,16 @@ class DraftSide:
             return Drafts(DraftProposal([]), None, fallback=True)
         extra = self._guess_slot
         try:
-            proposal = await asyncio.wait_for(
-                self.proposer.propose(self.session_id, tokens, k + extra, self.sampling, **self._options(k, model_k)),
-                self.timeout_s,
+            call = self.proposer.propose(
+                self.session_id,
+                tokens,
+                k + extra,
+                self.sampling,
+                model_k=self._model_k(k, model_k),
+                affinity=self.affinity,
+                tree=self.tree,
             )
+            proposal = await asyncio.wait_for(call, self.timeout_s)
         except Exception as error:  # the draft tier is down, slow or broken: decode without it
             self.failures += 1
             self._retry_at = self.clock() + self.retry_s
@@ -182,20 +178,14 @@ class DraftSide:
         (pipelining); a tree has no one next token to guess."""
         return 1 if self.pipeline and not self.tree else 0
 
-    def _options(self, k: int, model_k: int | None) -> ProposeOptions:
-        """The call's keyword arguments, each only where it differs from the Protocol's default:
-        a proposer that needs none of them keeps working."""
-        options = ProposeOptions()
-        if model_k is not None and model_k < k:
-            # The guess rides on the model's cap too; a model capped at 0 stays at 0: asked for the
-            # guess alone it would run (and catch up on every token since its last round) in each
-            # pipelined call, beside the target's pass.
-            options["model_k"] = model_k + self._guess_slot if model_k else 0
-        if self.affinity:
-            options["affinity"] = self.affinity
-        if self.tree:
-            options["tree"] = True
-        return options
+    def _model_k(self, k: int, model_k: int | None) -> int | None:
+        """The call's cap on a draft model's drafts (None: no cap beyond the call's k)."""
+        if model_k is None or model_k >= k:
+            return None
+        # The guess rides on the model's cap too; a model capped at 0 stays at 0: asked for the
+        # guess alone it would run (and catch up on every token since its last round) in each
+        # pipelined call, beside the target's pass.
+        return model_k + self._guess_slot if model_k else 0
 
 
 def _first(drafts: Drafts, k: int, model_k: int | None = None) -> Drafts:

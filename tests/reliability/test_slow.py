@@ -42,9 +42,9 @@ class Late:
     def __init__(self, inner, delay_s: float):
         self.inner, self.delay_s = inner, delay_s
 
-    async def propose(self, session_id, tokens, k, sampling):
+    async def propose(self, session_id, tokens, k, sampling, model_k=None, affinity="", tree=False):
         await asyncio.sleep(self.delay_s)
-        return await self.inner.propose(session_id, tokens, k, sampling)
+        return await self.inner.propose(session_id, tokens, k, sampling, model_k, affinity, tree)
 
     async def end_session(self, session_id, completion=()):
         await asyncio.sleep(self.delay_s)
@@ -151,9 +151,9 @@ class Jittery:
     def __init__(self, inner, seed: int):
         self.inner, self.random = inner, random.Random(seed)
 
-    async def propose(self, session_id, tokens, k, sampling):
+    async def propose(self, session_id, tokens, k, sampling, model_k=None, affinity="", tree=False):
         await asyncio.sleep(self.random.uniform(0.0, 2 * ENGINE.draft_timeout_s))
-        return await self.inner.propose(session_id, tokens, k, sampling)
+        return await self.inner.propose(session_id, tokens, k, sampling, model_k, affinity, tree)
 
     async def end_session(self, session_id, completion=()):
         await asyncio.sleep(self.random.uniform(0.0, 2 * ENGINE.draft_timeout_s))
