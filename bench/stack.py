@@ -47,6 +47,7 @@ from specdec.benchmark.provenance import git_commit
 from specdec.benchmark.stack import Method, Run, coordinators, drafter_spec, stack_method
 from specdec.coordinator.engine import EngineConfig, GenerationRequest, SpeculativeEngine
 from specdec.coordinator.server import ServerConfig
+from specdec.draft_service.registry import draft_model
 from specdec.drafts import loading as draft_loading
 from specdec.local.in_process import build_engine
 from specdec.local.stack import LocalStack, StackConfig
@@ -148,7 +149,9 @@ async def bench_drafter(
     config = EngineConfig(default_draft_tokens=args.k, max_draft_tokens=max(args.k, 16), adaptive=args.adaptive)
     # EOS off everywhere: every method then generates exactly max_new_tokens tokens.
     single = build_engine(
-        replace(target, eos_token_ids=frozenset()), None if spec == "ngram" else draft_loading.load_model(spec), config
+        replace(target, eos_token_ids=frozenset()),
+        None if draft_model(spec) is None else draft_loading.load_model(spec),
+        config,
     )
     stack_config = StackConfig(
         target_model=args.target_model, draft_model=spec, pool_name=POOL, server=ServerConfig(port=0), engine=config
