@@ -43,6 +43,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specdec.benchmark import flags
 from specdec.coordinator.clients import DraftClient
 from specdec.core.sampling import SamplingParams
+from specdec.draft_service.registry import draft_model
 from specdec.draft_service.service import DraftConfig, DraftCore, ProposeCall
 from specdec.drafts.loading import load_model
 from specdec.drafts.tiny_llama import make_tiny_llama
@@ -115,9 +116,10 @@ async def _time_calls(fn, calls: int) -> float:
 async def overhead_row(name: str, model: str, sampling: SamplingParams, args) -> dict:
     """One row of the overhead table: medians over `args.repeats` of per-call medians."""
     k, calls = args.k, args.calls
-    loaded = None if model == "ngram" else load_model(model)
+    spec = draft_model(model)
+    loaded = None if spec is None else load_model(spec)
     context = _context(0, args.context)
-    if model == "ngram":
+    if loaded is None:
         context = (context[: args.context // 2] * 2)[: args.context]  # something for prompt lookup to find
     wire = common_pb2.SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k)
     if sampling.seed is not None:

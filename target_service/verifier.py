@@ -83,10 +83,9 @@ class TargetVerifier:
         model, head = loaded.model, loaded.model.get_output_embeddings()
         screens = splits(model) and final_softcap(model) is None and GreedyHead.supported(head)
         self.greedy_head = GreedyHead(head) if screens else None
-        # Elsewhere greedy passes reduce the fp32 product to its argmax slice by slice
-        # (`projection.VOCAB_SLICE`), never holding the kept rows' whole logits; a final softcap
-        # could tie logits the product tells apart, so it keeps the logits.
-        self.sliced_argmax = splits(model) and final_softcap(model) is None and hasattr(head, "argmax")
+        # Elsewhere greedy passes reduce the fp32 product (capped, under a final softcap) to its
+        # argmax slice by slice (`projection.VOCAB_SLICE`), never holding the kept rows' whole logits.
+        self.sliced_argmax = splits(model) and hasattr(head, "argmax")
         self.scheduler = Scheduler(
             self.pool,
             sessions,
@@ -200,7 +199,7 @@ class TargetVerifier:
         hidden = ragged_hidden(model, self.pool, rows, self.decoder)  # (kept, d)
         if self.greedy_head is not None:
             return self.greedy_head.argmax(hidden, lambda h: head_logits(model, h))
-        argmax = model.get_output_embeddings().argmax(hidden)
+        argmax = model.get_output_embeddings().argmax(hidden, final_softcap(model))
         return argmax if argmax is not None else greedy_decisions(head_logits(model, hidden))
 
     def _decide(self, deciding: list[ScheduledRow], out: torch.Tensor, results: PassResults) -> None:

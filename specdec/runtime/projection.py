@@ -131,12 +131,15 @@ class _ColumnLinear(nn.Linear):
                 return out.reshape(*x.shape[:-1], out.shape[-1])
         return column_linear(x, self.weight, self.bias)
 
-    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+    def argmax(self, x: torch.Tensor, softcap: float | None = None) -> torch.Tensor | None:
         """(rows,) argmax of this layer's output for x (rows, in_features), ties to the lowest
         index as `torch.argmax` breaks them, computed a slice of outputs at a time (`VOCAB_SLICE`:
         a slice's products are reduced while in cache, and the rows x out_features product is never
-        held). None where the packed path does not serve x. A row whose outputs hold a NaN or an
-        infinity has no argmax to give: `NonFiniteLogits` names those rows."""
+        held). With `softcap`, of the capped outputs tanh(y / cap) * cap: elementwise, so each
+        slice's capped values are bitwise the whole product's, and ties the cap makes (saturated
+        outputs) go to the lowest index as they would there. None where the packed path does not
+        serve x. A row whose outputs hold a NaN or an infinity has no argmax to give:
+        `NonFiniteLogits` names those rows."""
         slices = self._packed_weight() if _packable(x, self.weight) and x.shape[-1] == self.in_features else None
         if slices is None:
             return None
@@ -144,7 +147,10 @@ class _ColumnLinear(nn.Linear):
         best = index = None
         nan = torch.zeros(flat.shape[0], dtype=torch.bool)
         for start, packed in slices:
-            value, at = self._slice_product(flat, start, packed).max(dim=-1)  # the first maximum of the slice
+            product = self._slice_product(flat, start, packed)
+            if softcap is not None:
+                product = torch.tanh(product / softcap) * softcap  # as `head_logits` caps them
+            value, at = product.max(dim=-1)  # the first maximum of the slice
             nan |= value.isnan()
             if best is None:
                 best, index = value, at + start

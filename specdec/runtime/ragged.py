@@ -306,13 +306,16 @@ def softcapped_attention(
 ) -> torch.Tensor:
     """Attention with logits capped at softcap * tanh(logits / softcap), as transformers' eager
     attention computes it (Gemma 2): q (b, H, n, d), k and v (b, Hkv, c, d), mask (b, 1, n, c)
-    True where a query sees a key. Returns (b, H, n, d)."""
-    repeats = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-    logits = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5 if scaling is None else scaling)
-    logits = torch.tanh(logits / softcap) * softcap
-    logits = logits.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(logits, dim=-1, dtype=torch.float32).to(q.dtype), v)
+    True where a query sees a key. Returns (b, H, n, d). The query heads that share a key head
+    are stacked into one product with it, (H / Hkv) n queries a row, rather than the keys and
+    values copied per head; the cap and the mask are applied in place."""
+    b, heads, n, d = q.shape
+    kv_heads = k.shape[1]
+    logits = torch.matmul(q.reshape(b, kv_heads, heads // kv_heads * n, d), k.transpose(2, 3))
+    logits.mul_(d**-0.5 if scaling is None else scaling).div_(softcap).tanh_().mul_(softcap)
+    by_head = logits.view(b, kv_heads, heads // kv_heads, n, -1).masked_fill_(~mask.unsqueeze(2), float("-inf"))
+    probs = torch.softmax(by_head.view_as(logits), dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).view(b, heads, n, d)
 
 
 def paged_attention(

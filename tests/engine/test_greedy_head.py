@@ -182,3 +182,20 @@ def test_greedy_rounds_reduced_slice_by_slice_decide_as_the_full_logits_do(tiny,
     # The drafts the target agrees with are accepted: rerun with the target's own tokens as drafts.
     drafts = [list(ids) for ids in full]
     assert all(len(ids) == len(d) + 1 for ids, d in zip(rounds(True, "own"), drafts))
+
+
+@torch.no_grad()
+def test_the_sliced_argmax_under_a_final_softcap_is_the_capped_logits_argmax(monkeypatch):
+    """Capped slice by slice, the argmax is the capped logits' own: where the cap saturates two
+    outputs of different slices to one value, the lower id wins, though the raw product ranks
+    the other first."""
+    monkeypatch.setattr(projection, "VOCAB_SLICE", 64)
+    head = projection.use_column_kernels(nn.Linear(4, 200, bias=False))
+    head.weight.zero_()
+    head.weight[10, 0], head.weight[70, 0], head.weight[150, 0] = 500.0, 600.0, -700.0
+    x = torch.tensor([[1.0, 0.0, 0.0, 0.0], [-1.0, 0.0, 0.0, 0.0]])
+    capped = torch.tanh(head(x) / 2.0) * 2.0
+    assert torch.argmax(head(x), dim=-1).tolist() == [70, 150]
+    assert torch.argmax(capped, dim=-1).tolist() == [10, 150]
+    assert head.argmax(x, softcap=2.0).tolist() == [10, 150]
+    assert head.argmax(x).tolist() == [70, 150]
