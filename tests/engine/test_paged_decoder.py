@@ -98,6 +98,9 @@ def test_a_pass_gives_the_modules_logits(tmp_path, kind):
     model.__dict__[decoders._ATTR] = decoder
     for paged, modules in zip(outputs["paged"], outputs["modules"]):
         torch.testing.assert_close(paged, modules, rtol=1e-5, atol=1e-5)
+    # And against a plain forward of the model (no pass, no pool): the first row's prefill.
+    plain = model(input_ids=torch.tensor([steps[0][0][0]]), use_cache=False).logits[0, -2:]
+    torch.testing.assert_close(outputs["paged"][0][:2], plain, rtol=1e-5, atol=1e-5)
 
 
 def _run(model, steps, decoder):
