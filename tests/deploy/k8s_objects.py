@@ -59,8 +59,10 @@ ENV_POLICY: dict[str, tuple[str, ...] | str] = {
     "SPECDEC_PACKED_LINEAR": "default: on, oneDNN's packed kernels for verify passes on a CPU "
     "(a second copy of the weights: 1.07 GB for the embedded target, inside the CPU overlay's 4 GiB worker); "
     "off on a GPU by itself",
-    "SPECDEC_PAGED_DECODER": "default: on, Gemma 3's decoder written for the paged pass (the same arithmetic as "
+    "SPECDEC_PAGED_DECODER": "default: on, the decoder written for the paged pass (the same arithmetic as "
     "transformers' modules, no memory added); 0 is for side-by-side benchmarks only",
+    "SPECDEC_VLLM_PYTHON": "default: read by `specdec bench --peer vllm` on the machine that runs it, never "
+    "by a served tier",
 }
 # Names read directly (os.environ.get("X")), and names kept in constants (X_ENV = "SPECDEC_X").
 _ENV_READ = re.compile(r"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[(\[]|getenv\s*\()\s*["']([A-Z][A-Z0-9_]+)["']""")
