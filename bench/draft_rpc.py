@@ -41,12 +41,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.benchmark import flags
+from specdec.benchmark.tiny_llama import make_tiny_llama
 from specdec.coordinator.clients import DraftClient
 from specdec.core.sampling import SamplingParams
 from specdec.draft_service.registry import draft_model
 from specdec.draft_service.service import DraftConfig, DraftCore, ProposeCall
 from specdec.drafts.loading import load_model
-from specdec.drafts.tiny_llama import make_tiny_llama
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 GEMMA_VOCAB = 262_144

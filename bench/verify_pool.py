@@ -54,9 +54,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bench never downloads a mode
 import torch  # noqa: E402
 
 from specdec.benchmark import flags  # noqa: E402
+from specdec.benchmark.tiny_llama import make_tiny_llama  # noqa: E402
 from specdec.core.acceptance import DraftProposal, Verification  # noqa: E402
 from specdec.core.sampling import SamplingParams  # noqa: E402
-from specdec.drafts.tiny_llama import make_tiny_llama  # noqa: E402
 from specdec.runtime.loading import load_model  # noqa: E402
 from specdec.runtime.models import LoadedModel  # noqa: E402
 from specdec.target_service.verifier import TargetVerifier, VerifyItem  # noqa: E402

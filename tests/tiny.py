@@ -1,5 +1,5 @@
 """Tiny random causal LMs (llama, gpt2, gemma3, gemma2) for the tests, on the benchmarks' byte-level
-tokenizer and initialisation (specdec.drafts.tiny_llama), so `load_model(str(path))` loads each
+tokenizer and initialisation (specdec.benchmark.tiny_llama), so `load_model(str(path))` loads each
 through the same path as a real model.
 """
 
@@ -25,7 +25,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from specdec.drafts.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the ids the tests read
+from specdec.benchmark.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the ids the tests read
     BOS_ID,
     EOS_ID,
     HEADS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.benchmark import cold, cold_prompts, heldout, prompts
-from specdec.drafts.tiny_llama import make_tokenizer
+from specdec.benchmark.tiny_llama import make_tokenizer
 
 
 def test_each_repeat_sends_disjoint_prompts_per_level_and_repeats_use_new_ones_while_they_last():
