@@ -331,19 +331,6 @@ def _stack_config(args, error):
     )
 
 
-def _servable(target_model: str | None, command: str) -> bool:
-    """Whether the target model can be served, said before any part of the stack starts."""
-    from specdec.runtime.loading import prepare
-    from specdec.runtime.models import UnservableModel
-
-    try:
-        prepare(target_model)
-    except UnservableModel as e:
-        print(f"specdec {command}: {e}", file=sys.stderr)
-        return False
-    return True
-
-
 def _print_parts(stack) -> None:
     c = stack.config
     actors = f"{len(stack.actor_names)} actor{'s' if len(stack.actor_names) != 1 else ''}"
@@ -570,17 +557,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace_file is None:
         args.trace_file = str(default_trace_file())
     config = _stack_config(args, stack[args.command].error)
-    if not _servable(config.target_model, args.command):
-        return 2
     configure_tracing("specdec-coordinator", file=config.trace_file)
     if args.command == "up":  # one line per request (demo prints its own summary)
         import logging
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from specdec.runtime.models import UnservableModel
+
     try:
         if args.command == "up":
             return asyncio.run(_up(config, args.status_every))
         return asyncio.run(_demo(config, args.prompt, args.max_new_tokens))
+    except UnservableModel as e:  # refused by the stack's first step, before any part starts
+        print(f"specdec {args.command}: {e}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         # A part that did not start (a busy port, a draft server that exited); the rest was stopped.
         print(f"specdec {args.command}: {e}", file=sys.stderr)
