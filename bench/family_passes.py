@@ -180,10 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     if args.versus_gemma3:
-        results = versus_gemma3(args, shapes, rows)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"config": vars(args), "rows": results}, f, indent=1)
+        _write(args, versus_gemma3(args, shapes, rows))
         return 0
     results = []
     for family in args.families.split(","):
@@ -210,10 +207,14 @@ def main(argv: list[str] | None = None) -> int:
         r["fused_over_modules"] = r["fused_ms"] / r["transformers_ms"]
         if r["rows"] in gemma:
             r["fused_over_gemma3"] = r["fused_ms"] / gemma[r["rows"]]
+    _write(args, results)
+    return 0
+
+
+def _write(args, results: list[dict]) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": vars(args), "rows": results}, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from specdec.benchmark.tiny_llama import (  # noqa: F401 - BOS_ID, EOS_ID: the i
     TOKENIZER_SIZE,
     llama_config,
     save_random,
+    tiny_sizes,
 )
 
 KINDS = ("llama", "gpt2", "gemma3", "gemma2")  # the engine tests' matrix
@@ -76,7 +77,7 @@ def make_tiny_model(
     layer_types = ["full_attention" if i % 2 else "sliding_attention" for i in range(num_layers)]
     layer_types[-1] = "full_attention"
     gemma = dict(
-        _sizes(vocab_size, num_layers),
+        tiny_sizes(vocab_size, num_layers),
         head_dim=HIDDEN // HEADS,
         query_pre_attn_scalar=HIDDEN // HEADS,
         sliding_window=sliding_window,
@@ -90,21 +91,8 @@ def make_tiny_model(
     return save_random(config, Gemma3ForCausalLM, out_dir, seed=seed)
 
 
-def _sizes(vocab_size: int, num_layers: int) -> dict:
-    """The config fields every tiny decoder-only family shares (hidden 64, 4 heads, 256 positions)."""
-    return dict(
-        vocab_size=vocab_size,
-        hidden_size=HIDDEN,
-        intermediate_size=4 * HIDDEN,
-        num_hidden_layers=num_layers,
-        num_attention_heads=HEADS,
-        max_position_embeddings=MAX_POSITIONS,
-        **IDS,
-    )
-
-
 def _llama_like(kind: str, vocab_size: int, num_layers: int, window: int, out_dir: Path, seed: int) -> Path:
-    shared = dict(_sizes(vocab_size, num_layers), num_key_value_heads=HEADS // 2)
+    shared = dict(tiny_sizes(vocab_size, num_layers), num_key_value_heads=HEADS // 2)
     if kind == "llama3":
         rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0)
         config = llama_config(vocab_size, num_layers)

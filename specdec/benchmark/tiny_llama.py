@@ -45,13 +45,18 @@ def make_tiny_llama(out_dir: Path, *, seed: int = 0, vocab_size: int | None = No
 
 
 def llama_config(vocab_size: int, num_layers: int) -> LlamaConfig:
-    return LlamaConfig(
+    # grouped-query attention, as in real Llamas
+    return LlamaConfig(**tiny_sizes(vocab_size, num_layers), num_key_value_heads=HEADS // 2)
+
+
+def tiny_sizes(vocab_size: int, num_layers: int) -> dict:
+    """The config fields every tiny decoder-only family shares (hidden 64, 4 heads, 256 positions)."""
+    return dict(
         vocab_size=vocab_size,
         hidden_size=HIDDEN,
         intermediate_size=4 * HIDDEN,
         num_hidden_layers=num_layers,
         num_attention_heads=HEADS,
-        num_key_value_heads=HEADS // 2,  # grouped-query attention, as in real Llamas
         max_position_embeddings=MAX_POSITIONS,
         **IDS,
     )
