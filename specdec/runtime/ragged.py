@@ -119,7 +119,7 @@ class PassLayout:
         """Layer `layer`'s attention for the pass: the new keys and values written to their pool
         slots, then each group's queries over its rows' keys, their logits soft-capped at
         `softcap` when given. Returns (T, H, d). Transformers' modules reach it through
-        `paged_attention`, Gemma 3's paged decoder directly."""
+        `paged_attention`, the paged decoder directly."""
         keys, values = self.pool.keys[layer], self.pool.values[layer]
         keys.index_copy_(0, self.new_slots, key.to(keys.dtype))
         values.index_copy_(0, self.new_slots, value.to(values.dtype))
