@@ -551,12 +551,17 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_trace(args, parser)
     if args.command == "plan":
         return _cmd_plan(args)
+    return _cmd_stack(args, stack[args.command].error)
+
+
+def _cmd_stack(args, error) -> int:
+    """`specdec up` or `specdec demo`: start the local stack, serve or stream once, stop every part."""
     from specdec.cli.trace_view import default_trace_file
     from specdec.telemetry.tracing import configure_tracing
 
     if args.trace_file is None:
         args.trace_file = str(default_trace_file())
-    config = _stack_config(args, stack[args.command].error)
+    config = _stack_config(args, error)
     configure_tracing("specdec-coordinator", file=config.trace_file)
     if args.command == "up":  # one line per request (demo prints its own summary)
         import logging

@@ -53,7 +53,11 @@ def test_the_loader_refuses_it_naming_model_and_reason(unservable):
         assert path in str(refused.value) and "specdec serves decoder-only text models" in str(refused.value)
 
 
-def test_every_command_refuses_it_before_serving(unservable, capsys):
+def test_every_command_refuses_it_before_serving(unservable, capsys, monkeypatch):
+    from specdec.telemetry import tracing
+
+    # The tracer provider is the process's to set, once: a test must not take it from later tests.
+    monkeypatch.setattr(tracing, "configure_tracing", lambda *args, **kwargs: None)
     path, reason = unservable
     commands = [
         ["generate", "--in-process", "--no-speculation", "--target-model", path, "hi"],
