@@ -174,6 +174,10 @@ class CostModel:
         self._trips: deque[float] = deque(maxlen=4 * window)  # a round's wait less its pass
         self._recent_passes: deque[PassCost] = deque(maxlen=8)  # passes counted already (each of its rounds reports it)
         self._draft_per_token: dict[str, float] = {}  # per source class
+        # The target runs a session's next plain round ahead of it once two plain rounds came in a
+        # row (target_service/lookahead.py): such a round waits for no trip, since its pass starts
+        # while the coordinator is still streaming the last one (`plain`).
+        self.plain_ahead = False
 
     def observe_verify(self, positions: int, seconds: float, cost: PassCost | None = None) -> None:
         """A round's verify wait over its `positions` (k + 1), and the pass that decided it."""
@@ -211,6 +215,14 @@ class CostModel:
             return self._rounds.at(positions)
         trip = statistics.median(self._trips) if self._trips else 0.0
         return trip + self._passes.at(rows * positions)
+
+    def plain(self, rows: int = 1) -> float:
+        """A round without drafts in a pass of `rows` such rounds: its pass alone where the target
+        runs plain rounds ahead (no trip: the coordinator's turn overlaps the pass), else as any
+        round over one position."""
+        if self.plain_ahead and (self._passes.seen or self._passes.shape is not None):
+            return self._passes.at(rows)
+        return self.verify(1, rows)
 
     def draft(self, k: int, source: str = MODEL) -> float:
         per_token = self._draft_per_token.get(source)
@@ -286,8 +298,8 @@ def draft_lengths(
 def best_k(alpha: float, costs: CostModel, k_max: int, source: str = MODEL, rows: int = 1) -> int:
     """The k in [0, k_max] with the most expected tokens per second of round, in a pass of `rows`
     rounds that draft alike."""
-    best, best_rate = 0, 0.0
-    for k in range(k_max + 1):
+    best, best_rate = 0, 1.0 / max(costs.plain(rows), 1e-9)
+    for k in range(1, k_max + 1):
         rate = expected_tokens(alpha, k) / (costs.draft(k, source) + costs.verify(k + 1, rows))
         if rate > best_rate * 1.001:  # a near tie goes to the shorter draft: less waste on a miss
             best, best_rate = k, rate
@@ -375,6 +387,8 @@ class DraftLengthPolicy:
         self._since_probe = 0 if chosen.k > 0 else self._since_probe + 1
         if chosen.k == 0 and self._since_probe >= cfg.probe_every:
             self._since_probe = 0
+            if not self._could_pay(limit):
+                return DraftLengths(0, None, "load")
             return DraftLengths(1, None, "probe")
         # One draft more than the best now and then: a length measured once, in a stall, would
         # otherwise never be chosen, so never measured again.
@@ -392,6 +406,13 @@ class DraftLengthPolicy:
         return DraftLengths(
             chosen.k, chosen.model_k, "load" if self._load_shortened(chosen, limit, share, cap) else "adaptive"
         )
+
+    def _could_pay(self, limit: int) -> bool:
+        """Whether drafts accepted every time would pay in a pass of this load: where not, a probe
+        measures nothing worth knowing and costs a pass its rows' drafts, and the rounds after it
+        their run-ahead (two plain rounds in a row before the target runs the next ahead). The
+        load falling makes them pay again, and probing resumes."""
+        return best_k(1.0, self.costs, limit, self._draft_class(), self.rows) > 0
 
     def _draft_class(self) -> str:
         """The source class whose draft time a round waits for: a lookup where the tier answers

@@ -55,4 +55,5 @@ async def connect_engine(
         config = replace(config, speculation_token_budget=0)
     engine = SpeculativeEngine(draft, pool, target, config, tracer)
     engine.costs.seed_passes(info.get("pass_seconds") or {})
+    engine.costs.plain_ahead = bool(info.get("lookahead"))
     return engine

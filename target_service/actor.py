@@ -75,10 +75,11 @@ class ActorConfig:
         choices=COMPILE_MODES,
     )
     # Before a pass, the worker waits for the sessions answered by the last pass to send their
-    # next rounds (each coordinator answers its streams one after another, a few ms apart), at
-    # most `gather_fraction` of the last pass's time and never past `gather_s`: a round that
-    # misses a pass waits a whole pass, so waiting a fraction of one for it is cheaper.
-    gather_s: float = 0.05
+    # next rounds (each coordinator answers its streams one after another: 16 streams with
+    # drafts arrive over 15-55 ms on 2 busy cores), at most `gather_fraction` of the last pass's
+    # time and never past `gather_s`: a round that misses a pass waits a whole pass, so waiting a
+    # fraction of one for it is cheaper, and the cores serve the coordinator meanwhile.
+    gather_s: float = 0.2
     gather_fraction: float = 0.5
     lookahead: bool = True  # decode a round ahead for sessions without drafts (target_service/lookahead.py)
     max_sessions: int = setting(256, "cached sessions per actor (LRU beyond)")
@@ -207,6 +208,7 @@ class TargetActor:
             "lookahead_hits": self.lookahead_hits,
             "metrics_address": self.metrics.address,
             "pass_seconds": self.pass_seconds,
+            "lookahead": self.config.lookahead,
         }
 
     def load(self) -> dict:

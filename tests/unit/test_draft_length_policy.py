@@ -208,3 +208,37 @@ def test_an_itl_objective_below_a_plain_pass_stops_drafts_and_probes():
         rejected(policy, planned)
     # A plain round (24 ms) is over the objective already: a probe's longer pass would only add.
     assert set(plans) == {DraftLengths(0, None, "slo")}
+
+
+def test_a_plain_round_run_ahead_pays_no_trip():
+    # A trip of 40 ms beside passes of 44 ms (16 positions) to 92 ms (48): with the trip on
+    # every round, one or two drafts at alpha 0.6 beat none; where the target runs plain rounds
+    # ahead, a round without drafts waits for its pass only, and drafting no longer pays.
+    policy = DraftLengthPolicy(Settings(), measured_passes(trip_s=0.04), {LOOKUP}, greedy=True)
+    policy.acceptance.by_class[LOOKUP] = Acceptance(accepted=6.0, tested=10.0)
+    policy.rows = 16
+    assert policy.choose(8, 16).k > 0
+    policy.costs.plain_ahead = True
+    assert policy.choose(8, 16).k == 0
+
+
+def flat_then_linear_passes() -> CostModel:
+    """Passes of up to 64 positions cost 100 ms alike, longer ones grow with their positions."""
+    model = CostModel()
+    for positions in range(1, 600):
+        seconds = max(0.1, 0.1 * positions / 64)
+        model.observe_verify(1, seconds + 0.004, PassCost(1, positions, seconds))
+    model.plain_ahead = True
+    return model
+
+
+def test_no_probe_where_drafts_accepted_every_time_would_not_pay():
+    policy = DraftLengthPolicy(Settings(), flat_then_linear_passes(), set(), greedy=True)
+    policy.rows = 64  # a draft adds 64 positions to a pass already past its flat part
+    plans = []
+    for _ in range(12):
+        plans.append(policy.choose(8, 64))
+        rejected(policy, plans[-1])
+    assert {p.k for p in plans} == {0} and "probe" not in {p.why for p in plans}, plans
+    policy.rows = 1  # the load fell: a draft is nearly free again
+    assert policy.choose(8, 1).k > 0
