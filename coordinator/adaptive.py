@@ -175,8 +175,8 @@ class CostModel:
         self._recent_passes: deque[PassCost] = deque(maxlen=8)  # passes counted already (each of its rounds reports it)
         self._draft_per_token: dict[str, float] = {}  # per source class
         # The target runs a session's next plain round ahead of it once two plain rounds came in a
-        # row (target_service/lookahead.py): such a round waits for no trip, since its pass starts
-        # while the coordinator is still streaming the last one (`plain`).
+        # row (target_service/lookahead.py): its pass runs while the coordinator is still
+        # streaming the last one, so the trip and the pass overlap (`plain`).
         self.plain_ahead = False
 
     def observe_verify(self, positions: int, seconds: float, cost: PassCost | None = None) -> None:
@@ -217,11 +217,13 @@ class CostModel:
         return trip + self._passes.at(rows * positions)
 
     def plain(self, rows: int = 1) -> float:
-        """A round without drafts in a pass of `rows` such rounds: its pass alone where the target
-        runs plain rounds ahead (no trip: the coordinator's turn overlaps the pass), else as any
-        round over one position."""
+        """A round without drafts in a pass of `rows` such rounds. Where the target runs plain
+        rounds ahead, the coordinator's trip for one round overlaps the pass of the next, so a
+        round costs the longer of the two (a CPU pass at load: the pass; a small model or a GPU:
+        the trip); else it is any round over one position."""
         if self.plain_ahead and (self._passes.seen or self._passes.shape is not None):
-            return self._passes.at(rows)
+            trip = statistics.median(self._trips) if self._trips else 0.0
+            return max(self._passes.at(rows), trip)
         return self.verify(1, rows)
 
     def draft(self, k: int, source: str = MODEL) -> float:
