@@ -414,7 +414,9 @@ class DraftLengthPolicy:
         measures nothing worth knowing and costs a pass its rows' drafts, and the rounds after it
         their run-ahead (two plain rounds in a row before the target runs the next ahead). The
         load falling makes them pay again, and probing resumes."""
-        return best_k(1.0, self.costs, limit, self._draft_class(), self.rows) > 0
+        plain = 1.001 / max(self.costs.plain(self.rows), 1e-9)
+        # Free drafts: a draft tier slow for a while must not stop the probes that measure it again.
+        return any((k + 1) / max(self.costs.verify(k + 1, self.rows), 1e-9) > plain for k in range(1, limit + 1))
 
     def _draft_class(self) -> str:
         """The source class whose draft time a round waits for: a lookup where the tier answers

@@ -279,6 +279,8 @@ class TargetActor:
         session decodes without drafts and the round fits the model."""
         if not self.config.lookahead or self.draining or self._plain.get(session_id, 0) < 2:
             return
+        if session_id in self._queued_sessions():  # its next round came first: one round a session
+            return
         following = [*tokens, *reply.verification.accepted_ids]
         if len(following) + 1 > min(self.loaded.max_context, self.verifier.pool.capacity_tokens):
             return
