@@ -242,3 +242,12 @@ def test_no_probe_where_drafts_accepted_every_time_would_not_pay():
     assert {p.k for p in plans} == {0} and "probe" not in {p.why for p in plans}, plans
     policy.rows = 1  # the load fell: a draft is nearly free again
     assert policy.choose(8, 1).k > 0
+
+
+def test_a_slow_draft_tier_is_still_probed():
+    # Drafts that took 2 s each price every k above 0 out, but the load would let free drafts pay:
+    # the probes go on, so a draft tier that recovers is measured again.
+    policy = DraftLengthPolicy(Settings(), costs(), {MODEL}, greedy=True)
+    policy.costs.observe_draft(1, 2.0, MODEL)
+    plans = [policy.choose(8, 1) for _ in range(8)]
+    assert [p.k for p in plans[:3]] == [0, 0, 0] and plans[3] == (1, None, "probe"), plans
