@@ -211,20 +211,27 @@ class CostModel:
 
     def verify(self, positions: int, rows: int = 1) -> float:
         """A round over `positions` (k + 1) in a pass of `rows` rounds that draft alike."""
-        if not self._passes.seen and self._passes.shape is None:
+        if not self._priced_by_passes:
             return self._rounds.at(positions)
-        trip = statistics.median(self._trips) if self._trips else 0.0
-        return trip + self._passes.at(rows * positions)
+        return self._trip() + self._passes.at(rows * positions)
 
     def plain(self, rows: int = 1) -> float:
         """A round without drafts in a pass of `rows` such rounds. Where the target runs plain
         rounds ahead, the coordinator's trip for one round overlaps the pass of the next, so a
         round costs the longer of the two (a CPU pass at load: the pass; a small model or a GPU:
         the trip); else it is any round over one position."""
-        if self.plain_ahead and (self._passes.seen or self._passes.shape is not None):
-            trip = statistics.median(self._trips) if self._trips else 0.0
-            return max(self._passes.at(rows), trip)
+        if self.plain_ahead and self._priced_by_passes:
+            return max(self._passes.at(rows), self._trip())
         return self.verify(1, rows)
+
+    @property
+    def _priced_by_passes(self) -> bool:
+        """Passes were timed or reported: rounds are priced by the pass they make plus the trip."""
+        return bool(self._passes.seen) or self._passes.shape is not None
+
+    def _trip(self) -> float:
+        """A round's wait less its pass: the median of recent rounds (0 before any)."""
+        return statistics.median(self._trips) if self._trips else 0.0
 
     def draft(self, k: int, source: str = MODEL) -> float:
         per_token = self._draft_per_token.get(source)
@@ -297,12 +304,13 @@ def draft_lengths(
     return DraftLengths(k, k_model if k_model < k else None)
 
 
-def best_k(alpha: float, costs: CostModel, k_max: int, source: str = MODEL, rows: int = 1) -> int:
+def best_k(alpha: float, costs: CostModel, k_max: int, source: str = MODEL, rows: int = 1, free: bool = False) -> int:
     """The k in [0, k_max] with the most expected tokens per second of round, in a pass of `rows`
-    rounds that draft alike."""
+    rounds that draft alike. `free`: drafts take no draft time (what the load alone allows)."""
     best, best_rate = 0, 1.0 / max(costs.plain(rows), 1e-9)
     for k in range(1, k_max + 1):
-        rate = expected_tokens(alpha, k) / (costs.draft(k, source) + costs.verify(k + 1, rows))
+        draft_s = 0.0 if free else costs.draft(k, source)
+        rate = expected_tokens(alpha, k) / max(draft_s + costs.verify(k + 1, rows), 1e-9)
         if rate > best_rate * 1.001:  # a near tie goes to the shorter draft: less waste on a miss
             best, best_rate = k, rate
     return best
@@ -414,9 +422,8 @@ class DraftLengthPolicy:
         measures nothing worth knowing and costs a pass its rows' drafts, and the rounds after it
         their run-ahead (two plain rounds in a row before the target runs the next ahead). The
         load falling makes them pay again, and probing resumes."""
-        plain = 1.001 / max(self.costs.plain(self.rows), 1e-9)
         # Free drafts: a draft tier slow for a while must not stop the probes that measure it again.
-        return any((k + 1) / max(self.costs.verify(k + 1, self.rows), 1e-9) > plain for k in range(1, limit + 1))
+        return best_k(1.0, self.costs, limit, rows=self.rows, free=True) > 0
 
     def _draft_class(self) -> str:
         """The source class whose draft time a round waits for: a lookup where the tier answers

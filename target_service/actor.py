@@ -75,10 +75,10 @@ class ActorConfig:
         choices=COMPILE_MODES,
     )
     # Before a pass, the worker waits for the sessions answered by the last pass to send their
-    # next rounds (each coordinator answers its streams one after another: 16 streams with
-    # drafts arrive over 15-55 ms on 2 busy cores), at most `gather_fraction` of the last pass's
-    # time and never past `gather_s`: a round that misses a pass waits a whole pass, so waiting a
-    # fraction of one for it is cheaper, and the cores serve the coordinator meanwhile.
+    # next rounds (each coordinator answers its streams one after another, so under load the last
+    # comes well after the first), at most `gather_fraction` of the last pass's time and never
+    # past `gather_s`: a round that misses a pass waits a whole pass, so waiting a fraction of one
+    # for it is cheaper, and the cores serve the coordinator meanwhile.
     gather_s: float = 0.2
     gather_fraction: float = 0.5
     lookahead: bool = True  # decode a round ahead for sessions without drafts (target_service/lookahead.py)

@@ -386,5 +386,5 @@ def test_the_engine_starts_from_the_passes_the_target_timed(stack):
     costs = stack.loop.run(engine()).costs
     # One row, no trip yet; a pass never priced above a longer one that timed cheaper.
     assert all(costs.verify(n) == pytest.approx(min(s for m, s in timed.items() if m >= n)) for n in timed)
-    # The actor runs plain rounds ahead: the engine prices a round without drafts by its pass alone.
+    # The actor runs plain rounds ahead: the engine prices a round without drafts as its pass and trip overlapped.
     assert ray.get(stack.actor.info.remote())["lookahead"] is True and costs.plain_ahead

@@ -210,10 +210,11 @@ def test_an_itl_objective_below_a_plain_pass_stops_drafts_and_probes():
     assert set(plans) == {DraftLengths(0, None, "slo")}
 
 
-def test_a_plain_round_run_ahead_pays_no_trip():
-    # A trip of 40 ms beside passes of 44 ms (16 positions) to 92 ms (48): with the trip on
+def test_a_plain_round_run_ahead_overlaps_its_trip():
+    # A trip of 40 ms beside passes of 44 ms (16 positions) to 92 ms (48): with the trip added to
     # every round, one or two drafts at alpha 0.6 beat none; where the target runs plain rounds
-    # ahead, a round without drafts waits for its pass only, and drafting no longer pays.
+    # ahead, a round without drafts costs the longer of its pass and the trip (here its pass),
+    # and drafting no longer pays.
     policy = DraftLengthPolicy(Settings(), measured_passes(trip_s=0.04), {LOOKUP}, greedy=True)
     policy.acceptance.by_class[LOOKUP] = Acceptance(accepted=6.0, tested=10.0)
     policy.rows = 16
